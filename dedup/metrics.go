@@ -1,0 +1,130 @@
+package dedup
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome is what the middleware did with one delivery.
+type Outcome string
+
+const (
+	// OutcomeExecuted: the key was new; the handler ran and its transaction
+	// committed.
+	OutcomeExecuted Outcome = "executed"
+	// OutcomeDuplicate: the key was done already with the same payload; the
+	// handler did not run and the stored output was handed back.
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeConflict: the key was done already with another payload; the
+	// handler did not run and the message was refused.
+	OutcomeConflict Outcome = "conflict"
+	// OutcomeInFlight: another delivery held the key; the message was nacked.
+	OutcomeInFlight Outcome = "in_flight"
+	// OutcomeInvalid: no usable key; the handler did not run.
+	OutcomeInvalid Outcome = "invalid"
+	// OutcomeFailed: the handler, or the database, failed; everything was
+	// rolled back and the message nacked.
+	OutcomeFailed Outcome = "failed"
+)
+
+var outcomes = []Outcome{OutcomeExecuted, OutcomeDuplicate, OutcomeConflict, OutcomeInFlight, OutcomeInvalid, OutcomeFailed}
+
+// Stats counts outcomes since the middleware was created.
+type Stats struct {
+	Executed, Duplicates, Conflicts, InFlight, Invalid, Failed uint64
+}
+
+type counters struct {
+	executed, duplicate, conflict, inFlight, invalid, failed atomic.Uint64
+}
+
+func (c *counters) add(o Outcome) {
+	switch o {
+	case OutcomeExecuted:
+		c.executed.Add(1)
+	case OutcomeDuplicate:
+		c.duplicate.Add(1)
+	case OutcomeConflict:
+		c.conflict.Add(1)
+	case OutcomeInFlight:
+		c.inFlight.Add(1)
+	case OutcomeInvalid:
+		c.invalid.Add(1)
+	case OutcomeFailed:
+		c.failed.Add(1)
+	}
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Executed: c.executed.Load(), Duplicates: c.duplicate.Load(), Conflicts: c.conflict.Load(),
+		InFlight: c.inFlight.Load(), Invalid: c.invalid.Load(), Failed: c.failed.Load(),
+	}
+}
+
+// metrics are the Prometheus collectors; nil when no Registerer was given.
+type metrics struct {
+	messages *prometheus.CounterVec
+	claim    *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "inboxmill",
+			Subsystem: "dedup",
+			Name:      "messages_total",
+			Help:      "Deliveries seen by the dedup middleware, by operation and outcome.",
+		}, []string{"operation", "outcome"}),
+		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "inboxmill",
+			Subsystem: "dedup",
+			Name:      "claim_duration_seconds",
+			Help:      "Time to claim a key in the inbox (insert, or read the existing record).",
+			Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"operation"}),
+	}
+	var err error
+	m.messages, err = register(reg, m.messages)
+	if err != nil {
+		return nil, err
+	}
+	m.claim, err = register(reg, m.claim)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under
+// the same description, so that several middlewares can share a registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, err
+	}
+	return c, nil
+}
+
+func (m *metrics) observe(op string, o Outcome) {
+	if m != nil {
+		m.messages.WithLabelValues(op, string(o)).Inc()
+	}
+}
+
+func (m *metrics) observeClaim(op string, d time.Duration) {
+	if m != nil {
+		m.claim.WithLabelValues(op).Observe(d.Seconds())
+	}
+}

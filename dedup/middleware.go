@@ -1,0 +1,284 @@
+package dedup
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// Deduplicator is the Watermill middleware. Create it with [New] and add
+// [Deduplicator.Middleware] to a router or a handler. It is safe for
+// concurrent use and holds no goroutines.
+type Deduplicator struct {
+	store   *inbox.Store
+	cfg     Config
+	fp      FingerprintFunc
+	metrics *metrics
+	stats   counters
+}
+
+// New returns a Deduplicator over store. It validates cfg (reporting every
+// problem at once) and registers the metrics; it never touches the database.
+func New(store *inbox.Store, cfg Config) (*Deduplicator, error) {
+	cfg = cfg.withDefaults()
+	var errs []error
+	if store == nil {
+		errs = append(errs, fmt.Errorf("%w: store is nil", ErrInvalidConfig))
+	}
+	errs = append(errs, cfg.validate())
+	fp := cfg.Fingerprint
+	if fp == nil {
+		f, err := JSONFingerprint(cfg.IgnoreFields...)
+		errs = append(errs, err)
+		fp = f
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: register metrics: %w", err)
+	}
+	return &Deduplicator{store: store, cfg: cfg, fp: fp, metrics: m}, nil
+}
+
+// Stats returns the outcome counts so far.
+func (d *Deduplicator) Stats() Stats { return d.stats.snapshot() }
+
+// Middleware wraps h so that it runs at most once per business intent, in a
+// transaction that also records the intent:
+//
+//   - a new key: begin, claim, run h with the transaction in the message's
+//     context (TxFromContext), store h's output messages with the record,
+//     commit, return the output (the router publishes it, then acks);
+//   - a key done before with the same payload: h does not run; the stored
+//     output is returned again, so a publish that failed after the commit
+//     is retried rather than lost;
+//   - a key done before with another payload: h does not run; the error
+//     wraps ErrPayloadConflict and the message is not acked;
+//   - no usable key: h does not run; the error wraps ErrMissingKey or
+//     ErrInvalidKey;
+//   - h fails or panics: the transaction rolls back, nothing is recorded,
+//     the error is returned (nack) and a redelivery runs h from a clean state.
+func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		return d.handle(msg, h)
+	}
+}
+
+// identity is what a delivery is deduplicated by.
+type identity struct {
+	scope, operation, key string
+	hash                  []byte
+	digest                string
+}
+
+func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
+	var id identity
+	key, err := d.cfg.Key(msg)
+	if err != nil {
+		return id, err
+	}
+	scope, err := d.cfg.Scope(msg)
+	if err != nil {
+		return id, err
+	}
+	op := d.cfg.Operation
+	if op == "" {
+		op = message.HandlerNameFromCtx(msg.Context())
+	}
+	if err := inbox.ValidateIdentity(scope, op, key); err != nil {
+		if op == "" {
+			err = fmt.Errorf("%w (set dedup.Config.Operation when running outside a message.Router)", err)
+		}
+		return id, err
+	}
+	hash, err := d.fp(msg)
+	if err != nil {
+		return id, fmt.Errorf("dedup: fingerprint: %w", err)
+	}
+	return identity{scope: scope, operation: op, key: key, hash: hash, digest: inbox.KeyDigest(scope, op, key)}, nil
+}
+
+func (d *Deduplicator) handle(msg *message.Message, h message.HandlerFunc) ([]*message.Message, error) {
+	id, err := d.identify(msg)
+	if err != nil {
+		d.finish(msg, id, OutcomeInvalid, err)
+		return nil, err
+	}
+	ctx := msg.Context()
+	for attempt := 1; ; attempt++ {
+		out, outcome, ran, err := d.once(ctx, msg, h, id)
+		if err != nil && !ran && inbox.IsRetryable(err) && attempt < d.cfg.ClaimAttempts && ctx.Err() == nil {
+			continue
+		}
+		d.finish(msg, id, outcome, err)
+		return out, err
+	}
+}
+
+// once makes one transactional try. ran reports whether h was called.
+func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message.HandlerFunc, id identity) (
+	out []*message.Message, outcome Outcome, ran bool, err error,
+) {
+	db := d.store.DB()
+	tx, err := db.BeginTx(ctx, d.cfg.TxOptions)
+	if err != nil {
+		return nil, OutcomeFailed, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+
+	start := time.Now()
+	res, err := d.store.Claim(ctx, tx, inbox.ClaimParams{
+		Scope:         id.scope,
+		Operation:     id.operation,
+		Key:           id.key,
+		PayloadHash:   id.hash,
+		Status:        inbox.StatusCompleted,
+		CorrelationID: middlewareCorrelationID(msg),
+		ExpiresAt:     d.expiresAt(),
+	})
+	d.metrics.observeClaim(id.operation, time.Since(start))
+	switch {
+	case errors.Is(err, ErrPayloadConflict):
+		return nil, OutcomeConflict, false, err
+	case err != nil:
+		return nil, OutcomeFailed, false, err
+	case !res.Claimed:
+		out, outcome, err := d.replay(res.Record)
+		return out, outcome, false, err
+	}
+
+	claim := Claim{Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: res.Record.Attempt,
+		IdempotencyKey: idempotencyKey(id)}
+	out, err = d.run(ctx, tx, msg, h, claim)
+	if err != nil {
+		return nil, OutcomeFailed, true, d.store.Classify(err)
+	}
+	if len(out) > 0 {
+		enc, err := encodeMessages(out)
+		if err != nil {
+			return nil, OutcomeFailed, true, err
+		}
+		err = d.store.Complete(ctx, tx, inbox.CompleteParams{
+			Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: res.Record.Attempt, Result: enc,
+		})
+		if err != nil {
+			return nil, OutcomeFailed, true, fmt.Errorf("dedup: store output: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		// After a lost connection the commit may have happened; the
+		// redelivery's claim finds out, so a nack is safe either way.
+		return nil, OutcomeFailed, true, fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+	}
+	committed = true
+	return out, OutcomeExecuted, true, nil
+}
+
+// replay decides what a delivery of a key that is already recorded does.
+func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, error) {
+	switch rec.Status {
+	case inbox.StatusCompleted:
+		out, err := decodeMessages(rec.Result)
+		if err != nil {
+			return nil, OutcomeFailed, err
+		}
+		return out, OutcomeDuplicate, nil
+	case inbox.StatusFailed:
+		// Terminal: the intent was tried and refused for good. Running it
+		// again would not be a retry but a second intent.
+		return nil, OutcomeDuplicate, nil
+	default:
+		return nil, OutcomeInFlight, fmt.Errorf("%w (record is %s, attempt %d)", ErrInFlight, rec.Status, rec.Attempt)
+	}
+}
+
+// run calls h with the transaction and claim in the message's context, turns
+// a panic into an error, and puts the original context back: the message may
+// be redelivered as the same value, and must not carry a finished
+// transaction into the next attempt.
+func (d *Deduplicator) run(ctx context.Context, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, c Claim) (
+	out []*message.Message, err error,
+) {
+	msg.SetContext(withClaim(ctx, tx, c))
+	defer func() {
+		msg.SetContext(ctx)
+		if r := recover(); r != nil {
+			out, err = nil, &PanicError{Value: r, Stack: string(debug.Stack())}
+		}
+	}()
+	return h(msg)
+}
+
+func (d *Deduplicator) expiresAt() time.Time {
+	if d.cfg.Retention < 0 {
+		return time.Time{}
+	}
+	return d.store.Now().Add(d.cfg.Retention)
+}
+
+func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err error) {
+	d.stats.add(o)
+	d.metrics.observe(id.operation, o)
+	fields := watermill.LogFields{
+		"message_uuid": msg.UUID,
+		"outcome":      string(o),
+		"operation":    id.operation,
+		"scope":        id.scope,
+		"key_digest":   id.digest,
+	}
+	if err != nil {
+		fields["error"] = err.Error()
+	}
+	switch o {
+	case OutcomeExecuted:
+		d.cfg.Logger.Debug("inboxmill: handler executed", fields)
+	case OutcomeDuplicate:
+		d.cfg.Logger.Info("inboxmill: duplicate acknowledged without running the handler", fields)
+	case OutcomeConflict:
+		d.cfg.Logger.Info("inboxmill: key reused with a different payload; refused", fields)
+	case OutcomeInFlight:
+		d.cfg.Logger.Info("inboxmill: key held by another delivery; retry later", fields)
+	case OutcomeInvalid:
+		d.cfg.Logger.Info("inboxmill: message has no usable idempotency key; refused", fields)
+	default:
+		d.cfg.Logger.Info("inboxmill: delivery failed and was rolled back", fields)
+	}
+}
+
+// idempotencyKey is stable for every attempt of one intent and reveals
+// nothing of the key itself.
+func idempotencyKey(id identity) string {
+	h := sha256.New()
+	for _, s := range []string{id.scope, id.operation, id.key} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// middlewareCorrelationID picks up the correlation ID set by watermill's
+// CorrelationID middleware, if any.
+func middlewareCorrelationID(msg *message.Message) string {
+	v := msg.Metadata.Get("correlation_id")
+	if len(v) > 255 {
+		return ""
+	}
+	return v
+}

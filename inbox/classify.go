@@ -1,0 +1,35 @@
+package inbox
+
+import (
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+)
+
+func transient(err error) error {
+	if errors.Is(err, ErrTransient) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrTransient, err)
+}
+
+// classifyConnErr recognises a lost connection whatever the driver. After
+// one, a COMMIT's outcome is unknown; retrying is still safe because the
+// retry's claim finds the record if the commit went through.
+func classifyConnErr(err error) error {
+	var ne net.Error
+	switch {
+	case errors.Is(err, driver.ErrBadConn),
+		errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, io.EOF),
+		errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.EPIPE),
+		errors.As(err, &ne):
+		return transient(err)
+	}
+	return err
+}

@@ -1,0 +1,304 @@
+package inboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// mw is a middleware-level test bundle: a Deduplicator over the bundle's
+// store and a handler that writes one business row per call.
+type mw struct {
+	*bundle
+	d     *dedup.Deduplicator
+	calls atomic.Int64
+	// fail, when set, decides whether a call fails after its write.
+	fail func(call int64) error
+	// output is what the handler returns.
+	output func(msg *message.Message) []*message.Message
+}
+
+func setupMiddleware(t *testing.T, h Harness, cfg dedup.Config) *mw {
+	t.Helper()
+	b := setup(t, h)
+	if cfg.Key == nil {
+		cfg.Key = dedup.KeyFromMetadata("event_id")
+	}
+	if cfg.Operation == "" {
+		cfg.Operation = "record_effect"
+	}
+	d, err := dedup.New(b.store, cfg)
+	require.NoError(t, err)
+	return &mw{bundle: b, d: d}
+}
+
+func (m *mw) handler(msg *message.Message) ([]*message.Message, error) {
+	call := m.calls.Add(1)
+	tx, ok := dedup.TxFromContext(msg.Context())
+	if !ok {
+		return nil, errors.New("no transaction in the handler's context")
+	}
+	claim, ok := dedup.ClaimFromContext(msg.Context())
+	if !ok || claim.Attempt != 1 || len(claim.IdempotencyKey) != 64 {
+		return nil, fmt.Errorf("bad claim in context: %+v", claim)
+	}
+	if err := m.effect(msg.Context(), tx, msg.Metadata.Get("event_id"), string(msg.Payload)); err != nil {
+		return nil, err
+	}
+	if m.fail != nil {
+		if err := m.fail(call); err != nil {
+			return nil, err
+		}
+	}
+	if m.output != nil {
+		return m.output(msg), nil
+	}
+	return nil, nil
+}
+
+func (m *mw) deliver(msg *message.Message) ([]*message.Message, error) {
+	return m.d.Middleware(m.handler)(msg)
+}
+
+// event builds a delivery of an event: a fresh message UUID every time, as
+// a producer's retry or a broker's redelivery would have.
+func event(id, payload string, meta ...string) *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
+	msg.Metadata.Set("event_id", id)
+	for i := 0; i+1 < len(meta); i += 2 {
+		msg.Metadata.Set(meta[i], meta[i+1])
+	}
+	return msg
+}
+
+func runMiddleware(t *testing.T, h Harness) {
+	t.Run("ConcurrentDeliveriesOfOneEventHaveOneEffect", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{})
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			bad     []error
+			retries atomic.Int64
+		)
+		start := make(chan struct{})
+		for range h.Concurrency {
+			wg.Go(func() {
+				<-start
+				// Redeliver until acked, as a broker would after a nack.
+				for {
+					_, err := m.deliver(event("evt-hot", `{"amount":100}`))
+					if err == nil {
+						return
+					}
+					if !dedup.IsRetryable(err) {
+						mu.Lock()
+						bad = append(bad, err)
+						mu.Unlock()
+						return
+					}
+					retries.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.Empty(t, bad, "only retryable errors are allowed")
+		require.Equal(t, 1, m.countEffects(t, "evt-hot"))
+		require.EqualValues(t, 1, m.calls.Load(), "the handler runs once")
+		st := m.d.Stats()
+		require.EqualValues(t, 1, st.Executed)
+		require.EqualValues(t, h.Concurrency-1, st.Duplicates)
+		t.Logf("%d deliveries, %d retryable errors", h.Concurrency, retries.Load())
+	})
+
+	t.Run("FailedHandlerIsRolledBackAndRetriedClean", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{})
+		boom := errors.New("downstream unavailable")
+		m.fail = func(call int64) error {
+			if call == 1 {
+				return boom
+			}
+			return nil
+		}
+		_, err := m.deliver(event("evt-1", `{"n":1}`))
+		require.ErrorIs(t, err, boom)
+		require.Equal(t, 0, m.countEffects(t, "evt-1"), "the failed attempt's write was rolled back")
+		require.Equal(t, 0, m.records(t), "the failed attempt left no record")
+
+		_, err = m.deliver(event("evt-1", `{"n":1}`))
+		require.NoError(t, err)
+		require.Equal(t, 1, m.countEffects(t, "evt-1"))
+		_, err = m.deliver(event("evt-1", `{"n":1}`))
+		require.NoError(t, err)
+		require.Equal(t, 1, m.countEffects(t, "evt-1"))
+		require.EqualValues(t, 2, m.calls.Load())
+	})
+
+	t.Run("PanickingHandlerIsRolledBackAndRetriedClean", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{})
+		m.fail = func(call int64) error {
+			if call == 1 {
+				panic("handler bug")
+			}
+			return nil
+		}
+		msg := event("evt-1", `{"n":1}`)
+		_, err := m.deliver(msg)
+		var pe *dedup.PanicError
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, "handler bug", pe.Value)
+		_, hasTx := dedup.TxFromContext(msg.Context())
+		require.False(t, hasTx, "the message does not keep the finished transaction")
+		require.Equal(t, 0, m.countEffects(t, "evt-1"))
+
+		_, err = m.deliver(msg) // the same message value, redelivered
+		require.NoError(t, err)
+		require.Equal(t, 1, m.countEffects(t, "evt-1"))
+	})
+
+	t.Run("RedeliveryAfterCommitReturnsTheSameOutput", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{})
+		m.output = func(msg *message.Message) []*message.Message {
+			out := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"o-1","\u00e9":"\x01"}`))
+			out.Metadata.Set("event_id", "derived-"+msg.Metadata.Get("event_id"))
+			out.Metadata.Set("content-type", "application/json")
+			bin := message.NewMessage(watermill.NewUUID(), []byte{0, 1, 2, 255})
+			return []*message.Message{out, bin}
+		}
+		first, err := m.deliver(event("evt-1", `{"n":1}`))
+		require.NoError(t, err)
+		require.Len(t, first, 2)
+
+		// The ack was lost (crash after commit): the broker delivers again.
+		again, err := m.deliver(event("evt-1", `{"n":1}`))
+		require.NoError(t, err)
+		require.EqualValues(t, 1, m.calls.Load(), "the handler did not run again")
+		require.Equal(t, 1, m.countEffects(t, "evt-1"))
+		require.Len(t, again, len(first))
+		for i := range first {
+			require.Equal(t, first[i].UUID, again[i].UUID)
+			require.Equal(t, first[i].Payload, again[i].Payload)
+			require.Equal(t, first[i].Metadata, again[i].Metadata)
+		}
+	})
+
+	t.Run("SameKeyDifferentPayloadIsAConflict", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{})
+		_, err := m.deliver(event("evt-1", `{"amount":100}`))
+		require.NoError(t, err)
+		before, err := m.store.Get(m.ctx, m.db, "", "record_effect", "evt-1")
+		require.NoError(t, err)
+
+		_, err = m.deliver(event("evt-1", `{"amount":999}`))
+		require.ErrorIs(t, err, dedup.ErrPayloadConflict)
+		require.True(t, dedup.IsPoison(err))
+		require.False(t, dedup.IsRetryable(err))
+		require.EqualValues(t, 1, m.calls.Load(), "the handler did not run for the conflict")
+		require.Equal(t, 1, m.countEffects(t, "evt-1"))
+		after, err := m.store.Get(m.ctx, m.db, "", "record_effect", "evt-1")
+		require.NoError(t, err)
+		require.Equal(t, before, after, "the record is untouched")
+		require.EqualValues(t, 1, m.d.Stats().Conflicts)
+	})
+
+	t.Run("SameKeyInTwoTenantsOrTwoOperationsRunsTwice", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{Scope: dedup.ScopeFromMetadata("tenant_id")})
+		for _, tenant := range []string{"acme", "globex"} {
+			_, err := m.deliver(event("evt-1", `{"n":1}`, "tenant_id", tenant))
+			require.NoError(t, err)
+		}
+		other, err := dedup.New(m.store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"),
+			Scope: dedup.ScopeFromMetadata("tenant_id"), Operation: "second_handler"})
+		require.NoError(t, err)
+		_, err = other.Middleware(m.handler)(event("evt-1", `{"n":1}`, "tenant_id", "acme"))
+		require.NoError(t, err)
+		require.Equal(t, 3, m.countEffects(t, "evt-1"))
+
+		_, err = m.deliver(event("evt-1", `{"n":1}`, "tenant_id", "acme"))
+		require.NoError(t, err)
+		require.Equal(t, 3, m.countEffects(t, "evt-1"), "a duplicate within a tenant still runs once")
+
+		_, err = m.deliver(event("evt-1", `{"n":1}`))
+		require.ErrorIs(t, err, dedup.ErrMissingKey, "no tenant: refused, not merged into a shared scope")
+	})
+
+	t.Run("MissingEmptyOrOversizedKeyIsRefused", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{})
+		noKey := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		_, err := m.deliver(noKey)
+		require.ErrorIs(t, err, dedup.ErrMissingKey)
+		require.True(t, dedup.IsPoison(err))
+
+		_, err = m.deliver(event("", `{}`))
+		require.ErrorIs(t, err, dedup.ErrMissingKey)
+
+		_, err = m.deliver(event(strings.Repeat("k", inbox.MaxKeyLen+1), `{}`))
+		require.ErrorIs(t, err, dedup.ErrInvalidKey)
+		require.True(t, dedup.IsPoison(err))
+
+		require.Zero(t, m.calls.Load())
+		require.Zero(t, m.records(t))
+		require.EqualValues(t, 3, m.d.Stats().Invalid)
+	})
+
+	t.Run("KeyFromJSONPayload", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{Key: dedup.KeyFromJSON("data.id")})
+		for range 3 {
+			msg := message.NewMessage(watermill.NewUUID(), []byte(`{"data":{"id":"evt-9","v":1}}`))
+			msg.Metadata.Set("event_id", "evt-9")
+			_, err := m.deliver(msg)
+			require.NoError(t, err)
+		}
+		require.Equal(t, 1, m.countEffects(t, "evt-9"))
+		_, err := m.store.Get(m.ctx, m.db, "", "record_effect", "evt-9")
+		require.NoError(t, err)
+	})
+
+	t.Run("FingerprintIgnoresKeyOrderAndIgnoredFields", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{IgnoreFields: []string{"sent_at", "meta.trace"}})
+		for _, p := range []string{
+			`{"amount":100,"currency":"EUR","sent_at":"2026-01-01T00:00:00Z","meta":{"trace":"a","src":"x"}}`,
+			`{"currency":"EUR","amount":100,"sent_at":"2026-01-02T09:00:00Z","meta":{"src":"x","trace":"b"}}`,
+			"{\n  \"meta\": {\"src\": \"x\"},\n  \"currency\": \"EUR\",\n  \"amount\": 100\n}",
+		} {
+			_, err := m.deliver(event("evt-1", p))
+			require.NoError(t, err, p)
+		}
+		require.Equal(t, 1, m.countEffects(t, "evt-1"))
+		_, err := m.deliver(event("evt-1", `{"amount":100,"currency":"USD"}`))
+		require.ErrorIs(t, err, dedup.ErrPayloadConflict)
+	})
+
+	t.Run("ContextCancelledBeforeClaimRunsNothing", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{})
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		msg := event("evt-1", `{}`)
+		msg.SetContext(ctx)
+		_, err := m.deliver(msg)
+		require.Error(t, err)
+		require.Zero(t, m.calls.Load())
+		require.Zero(t, m.records(t))
+	})
+}

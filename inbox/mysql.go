@@ -1,0 +1,85 @@
+package inbox
+
+import (
+	"errors"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// MySQL returns the MySQL / MariaDB dialect for github.com/go-sql-driver/mysql.
+//
+// The DSN should set parseTime=true; times are read correctly without it too,
+// as long as loc is UTC (the driver's default).
+func MySQL() Dialect { return mysqlDialect{} }
+
+type mysqlDialect struct{}
+
+func (mysqlDialect) Name() string            { return "mysql" }
+func (mysqlDialect) Migrations() fs.FS       { return subFS("mysql") }
+func (mysqlDialect) Placeholder(int) string  { return "?" }
+func (mysqlDialect) TimeArg(t time.Time) any { return t.UTC() }
+
+func (mysqlDialect) Queries(table string) Queries {
+	cols := strings.ReplaceAll(columns, "%KEY%", "`key`")
+	where := " WHERE scope = ? AND operation = ? AND `key` = ?"
+	q := Queries{
+		// INSERT IGNORE reports 0 rows affected for a taken key whatever
+		// CLIENT_FOUND_ROWS says (that flag only changes UPDATE counts), and a
+		// concurrent insert of the same key waits on its row lock.
+		Insert: "INSERT IGNORE INTO inbox (scope, operation, `key`, payload_hash, status, attempt, lease_owner,\n" +
+			"\tlease_until, correlation_id, created_at, updated_at, expires_at)\n" +
+			"VALUES (?, ?, ?, ?, ?, 1, NULLIF(?, ''), ?, NULLIF(?, ''), ?, ?, ?)",
+		// A locking read: under REPEATABLE READ a plain SELECT reads the
+		// transaction's snapshot, which may predate the row that made the
+		// INSERT IGNORE above a no-op.
+		SelectForClaim: "SELECT " + cols + " FROM inbox" + where + " LOCK IN SHARE MODE",
+		Select:         "SELECT " + cols + " FROM inbox" + where,
+		Complete: "UPDATE inbox SET status = 'completed', result = ?, resource_id = NULLIF(?, ''),\n" +
+			"\texternal_ref = COALESCE(NULLIF(?, ''), external_ref), lease_owner = NULL, lease_until = NULL, updated_at = ?" +
+			where + " AND attempt = ?",
+		Delete: "DELETE FROM inbox" + where,
+
+		CreateMigrationsTable: "CREATE TABLE IF NOT EXISTS inbox_migrations (\n" +
+			"\tversion    INT          NOT NULL PRIMARY KEY,\n" +
+			"\tname       VARCHAR(255) NOT NULL,\n" +
+			"\tapplied_at DATETIME(6)  NOT NULL\n" +
+			") ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+		SelectMigrations: "SELECT version FROM inbox_migrations ORDER BY version",
+		SelectMigration:  "SELECT COUNT(*) FROM inbox_migrations WHERE version = ?",
+		InsertMigration:  "INSERT INTO inbox_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+		// MySQL DDL commits implicitly, so transactions cannot keep two
+		// migrating processes apart; a named lock can. GET_LOCK returns 0 on
+		// timeout and NULL on error, both of which Migrate reports.
+		LockMigrations:   "SELECT COALESCE(GET_LOCK(?, 600), 0)",
+		UnlockMigrations: "SELECT COALESCE(RELEASE_LOCK(?), 0)",
+	}
+	return q.rename(table)
+}
+
+func (mysqlDialect) Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case 1213, // ER_LOCK_DEADLOCK
+			1205, // ER_LOCK_WAIT_TIMEOUT
+			1020, // ER_CHECKREAD: record changed since last read
+			1927, // ER_CONNECTION_KILLED (MariaDB)
+			1053, // ER_SERVER_SHUTDOWN
+			1040, // ER_CON_COUNT_ERROR
+			2006, // CR_SERVER_GONE_ERROR
+			2013: // CR_SERVER_LOST
+			return transient(err)
+		}
+		return err
+	}
+	if errors.Is(err, mysql.ErrInvalidConn) {
+		return transient(err)
+	}
+	return classifyConnErr(err)
+}

@@ -1,0 +1,122 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// DBTX is what the store runs its SQL through: *sql.DB, *sql.Conn and *sql.Tx
+// all satisfy it, so every store method can join the caller's transaction.
+type DBTX interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+var (
+	_ DBTX = (*sql.DB)(nil)
+	_ DBTX = (*sql.Conn)(nil)
+	_ DBTX = (*sql.Tx)(nil)
+)
+
+// MaxTableLen bounds the table name so that the longest derived name
+// ("<table>_status_lease_idx") fits PostgreSQL's 63-byte identifiers.
+const MaxTableLen = 40
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Config configures a [Store]. The zero value is usable.
+type Config struct {
+	// Table is the inbox table's name. Defaults to "inbox". It must be a
+	// plain identifier (letters, digits and underscores, not starting with a
+	// digit, at most MaxTableLen bytes), because it is put into SQL text;
+	// anything else is rejected by NewStore. The table lives in the
+	// connection's default schema (PostgreSQL's search_path, MySQL's
+	// database). "<table>_migrations" records applied schema versions.
+	Table string
+
+	// Now returns the current time for created_at, updated_at and the like.
+	// Defaults to time.Now. Tests set it to move time.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Table == "" {
+		c.Table = "inbox"
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if len(c.Table) > MaxTableLen {
+		errs = append(errs, fmt.Errorf("%w: table name is %d bytes, more than %d", ErrInvalidConfig, len(c.Table), MaxTableLen))
+	}
+	if !identifier.MatchString(c.Table) {
+		errs = append(errs, fmt.Errorf("%w: table name %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)", ErrInvalidConfig, c.Table))
+	}
+	return errors.Join(errs...)
+}
+
+// Store is the inbox table of one database. It is safe for concurrent use.
+type Store struct {
+	db      *sql.DB
+	dialect Dialect
+	table   string
+	q       Queries
+	now     func() time.Time
+}
+
+// NewStore returns a store over db that speaks dialect. It checks the
+// configuration and touches no data; call [Store.Migrate] (or apply
+// [Dialect.Migrations] with a tool of your own) before the first claim.
+func NewStore(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
+	cfg = cfg.withDefaults()
+	var errs []error
+	if db == nil {
+		errs = append(errs, fmt.Errorf("%w: db is nil", ErrInvalidConfig))
+	}
+	if dialect == nil {
+		errs = append(errs, fmt.Errorf("%w: dialect is nil", ErrInvalidConfig))
+	}
+	errs = append(errs, cfg.validate())
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &Store{
+		db:      db,
+		dialect: dialect,
+		table:   cfg.Table,
+		q:       dialect.Queries(cfg.Table),
+		now:     cfg.Now,
+	}, nil
+}
+
+// DB returns the database the store was created with.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() Dialect { return s.dialect }
+
+// Table returns the inbox table's name.
+func (s *Store) Table() string { return s.table }
+
+// Now returns the store's current time (Config.Now).
+func (s *Store) Now() time.Time { return s.now() }
+
+// Classify is [Dialect.Classify] for this store's dialect.
+func (s *Store) Classify(err error) error { return s.dialect.Classify(err) }
+
+func (s *Store) timeArg(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return s.dialect.TimeArg(t)
+}

@@ -1,0 +1,144 @@
+// Package testdb opens the real databases the tests run against.
+//
+// PostgreSQL and MySQL/MariaDB are reached at INBOXMILL_POSTGRES_DSN and
+// INBOXMILL_MYSQL_DSN (defaults: the local servers scripts/test.sh checks).
+// When a server does not answer, a test is skipped on a developer's machine
+// and fails when the CI environment variable is set: CI must never pass by
+// skipping the tests that matter.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql" // registers "mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	_ "github.com/lib/pq"              // registers "postgres"
+	_ "modernc.org/sqlite"             // registers "sqlite"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// Kind names a database and driver combination.
+type Kind string
+
+const (
+	SQLite      Kind = "sqlite"
+	PostgresPQ  Kind = "postgres-pq"
+	PostgresPGX Kind = "postgres-pgx"
+	MySQL       Kind = "mysql"
+)
+
+// All is every kind, in the order tests run them.
+var All = []Kind{SQLite, PostgresPQ, PostgresPGX, MySQL}
+
+const (
+	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	defaultMySQLDSN    = "root@tcp(127.0.0.1:3306)/test?parseTime=true"
+)
+
+// PostgresDSN is the PostgreSQL the tests use.
+func PostgresDSN() string { return envOr("INBOXMILL_POSTGRES_DSN", defaultPostgresDSN) }
+
+// MySQLDSN is the MySQL/MariaDB the tests use.
+func MySQLDSN() string { return envOr("INBOXMILL_MYSQL_DSN", defaultMySQLDSN) }
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// Dialect returns the inbox dialect for kind.
+func Dialect(kind Kind) inbox.Dialect {
+	switch kind {
+	case SQLite:
+		return inbox.SQLite()
+	case MySQL:
+		return inbox.MySQL()
+	default:
+		return inbox.Postgres()
+	}
+}
+
+var (
+	mu     sync.Mutex
+	shared = map[Kind]*sql.DB{}
+	failed = map[Kind]error{}
+)
+
+// Open returns a database of the given kind. Server databases are shared by
+// the whole test binary (tests isolate themselves by table name); SQLite is a
+// new file in t.TempDir().
+func Open(t testing.TB, kind Kind) *sql.DB {
+	t.Helper()
+	if kind == SQLite {
+		return OpenSQLite(t, filepath.Join(t.TempDir(), "inbox.db"))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if db, ok := shared[kind]; ok {
+		return db
+	}
+	if err, ok := failed[kind]; ok {
+		unreachable(t, kind, err)
+	}
+	driver, dsn := "postgres", PostgresDSN()
+	switch kind {
+	case PostgresPGX:
+		driver = "pgx"
+	case MySQL:
+		driver, dsn = "mysql", MySQLDSN()
+	}
+	db, err := sql.Open(driver, dsn)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = db.PingContext(ctx)
+		cancel()
+	}
+	if err != nil {
+		failed[kind] = err
+		unreachable(t, kind, err)
+	}
+	// Enough for 32 concurrent deliveries plus parallel tests, well inside
+	// the servers' default connection limits even with two test binaries.
+	db.SetMaxOpenConns(40)
+	db.SetMaxIdleConns(40)
+	shared[kind] = db
+	return db
+}
+
+func unreachable(t testing.TB, kind Kind, err error) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s is unreachable and CI is set, so this test fails instead of skipping: %v", kind, err)
+	}
+	t.Skipf("%s is unreachable (set CI=1 to fail instead): %v", kind, err)
+}
+
+// OpenSQLite opens (creating) the SQLite file at path with inbox.SQLiteDSN.
+func OpenSQLite(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", inbox.SQLiteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// UniqueName returns prefix plus a random suffix, a valid identifier for a
+// per-test table.
+func UniqueName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
