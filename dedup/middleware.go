@@ -127,22 +127,37 @@ func (d *Deduplicator) handle(msg *message.Message, h message.HandlerFunc) ([]*m
 	}
 }
 
-// once makes one transactional try. ran reports whether h was called.
+// once makes one transactional try in a transaction of its own. ran
+// reports whether h was called.
 func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message.HandlerFunc, id identity) (
 	out []*message.Message, outcome Outcome, ran bool, err error,
 ) {
-	db := d.store.DB()
-	tx, err := db.BeginTx(ctx, d.cfg.TxOptions)
+	tx, err := d.store.DB().BeginTx(ctx, d.cfg.TxOptions)
 	if err != nil {
 		return nil, OutcomeFailed, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
+	out, outcome, ran, err = d.inTx(ctx, tx, msg, h, id)
+	if err != nil || outcome != OutcomeExecuted {
+		// A duplicate only read; a failure must leave nothing behind.
+		_ = tx.Rollback()
+		return out, outcome, ran, err
+	}
+	if err := tx.Commit(); err != nil {
+		// After a lost connection the commit may have happened; the
+		// redelivery's claim finds out, so a nack is safe either way.
+		return nil, OutcomeFailed, true, fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+	}
+	return out, OutcomeExecuted, true, nil
+}
 
+// inTx claims the message in tx and, when the key is new, runs h in it and
+// stores h's output. It neither commits nor rolls back: the caller owns tx,
+// whether the middleware began it or a transport's consuming transaction
+// (with a savepoint around the attempt) is joined. On OutcomeExecuted the
+// caller commits; on anything else it rolls back.
+func (d *Deduplicator) inTx(ctx context.Context, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, id identity) (
+	out []*message.Message, outcome Outcome, ran bool, err error,
+) {
 	start := time.Now()
 	res, err := d.store.Claim(ctx, tx, inbox.ClaimParams{
 		Scope:         id.scope,
@@ -171,6 +186,8 @@ func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message
 		return nil, OutcomeFailed, true, d.store.Classify(err)
 	}
 	if len(out) > 0 {
+		// Inserted as completed without a result (see ClaimParams.Status);
+		// only handlers that produce messages pay for this second statement.
 		enc, err := encodeMessages(out)
 		if err != nil {
 			return nil, OutcomeFailed, true, err
@@ -182,12 +199,6 @@ func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message
 			return nil, OutcomeFailed, true, fmt.Errorf("dedup: store output: %w", err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		// After a lost connection the commit may have happened; the
-		// redelivery's claim finds out, so a nack is safe either way.
-		return nil, OutcomeFailed, true, fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
-	}
-	committed = true
 	return out, OutcomeExecuted, true, nil
 }
 

@@ -1,0 +1,123 @@
+package dedup_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testdb"
+)
+
+// BenchmarkMiddleware measures, per database, the handler alone in its own
+// transaction (plain: the baseline and the physical limit), the middleware
+// on fresh events, and the middleware on duplicates. scripts/bench.sh turns
+// the results into ratios against plain from the same run.
+func BenchmarkMiddleware(b *testing.B) {
+	for _, kind := range testdb.All {
+		b.Run(string(kind), func(b *testing.B) {
+			b.Run("plain", func(b *testing.B) { benchPlain(b, kind) })
+			b.Run("fresh", func(b *testing.B) { benchDedup(b, kind, false) })
+			b.Run("duplicate", func(b *testing.B) { benchDedup(b, kind, true) })
+		})
+	}
+}
+
+type benchEnv struct {
+	db      *sql.DB
+	dialect inbox.Dialect
+	effects string
+	insert  string
+}
+
+func setupBench(b *testing.B, kind testdb.Kind) *benchEnv {
+	b.Helper()
+	db := testdb.Open(b, kind)
+	e := &benchEnv{db: db, dialect: testdb.Dialect(kind), effects: testdb.UniqueName("bench_effects")}
+	_, err := db.Exec("CREATE TABLE " + e.effects + " (event_id VARCHAR(255) NOT NULL, amount INTEGER NOT NULL)")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + e.effects) })
+	e.insert = fmt.Sprintf("INSERT INTO %s (event_id, amount) VALUES (%s, %s)", e.effects,
+		e.dialect.Placeholder(1), e.dialect.Placeholder(2))
+	return e
+}
+
+func (e *benchEnv) write(ctx context.Context, tx *sql.Tx, id string) error {
+	_, err := tx.ExecContext(ctx, e.insert, id, 100)
+	return err
+}
+
+func benchPlain(b *testing.B, kind testdb.Kind) {
+	e := setupBench(b, kind)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := e.write(ctx, tx, "evt-"+strconv.Itoa(i)); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchDedup(b *testing.B, kind testdb.Kind, duplicate bool) {
+	e := setupBench(b, kind)
+	table := testdb.UniqueName("bench_inbox")
+	store, err := inbox.NewStore(e.db, e.dialect, inbox.Config{Table: table})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_, _ = e.db.Exec("DROP TABLE IF EXISTS " + table)
+		_, _ = e.db.Exec("DROP TABLE IF EXISTS " + table + "_migrations")
+	})
+	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		tx, _ := dedup.TxFromContext(msg.Context())
+		return nil, e.write(msg.Context(), tx, msg.Metadata.Get("event_id"))
+	})
+	payload := []byte(`{"order_id":"o-1","amount":100,"currency":"EUR","sent_at":"2026-11-30T12:00:00Z"}`)
+	msg := message.NewMessage(watermill.NewUUID(), payload)
+	msg.Metadata.Set("event_id", "evt-dup")
+	if duplicate {
+		if _, err := h(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if !duplicate {
+			msg.Metadata.Set("event_id", "evt-"+strconv.Itoa(i))
+		}
+		if _, err := h(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	st := d.Stats()
+	want := uint64(b.N)
+	if duplicate && st.Duplicates != want || !duplicate && st.Executed != want {
+		b.Fatalf("stats %+v after %d deliveries", st, b.N)
+	}
+}

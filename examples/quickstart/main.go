@@ -1,0 +1,253 @@
+// Command quickstart shows inboxmill's promise end to end with no servers:
+// a SQLite inbox, Watermill's in-memory GoChannel, and a stream of order
+// events with everything at-least-once delivery throws at a consumer —
+// producer retries, handler failures, acks lost after the commit, and one
+// event ID reused for a different order. Every order ships exactly once.
+//
+// Run it twice: the SQLite file persists, so the second run finds every
+// event already done and ships nothing new.
+//
+//	go run ./examples/quickstart
+//	go run ./examples/quickstart -db /tmp/shop.db -events 100
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	_ "modernc.org/sqlite"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+const (
+	ordersTopic = "orders"
+	poisonTopic = "orders.poison"
+)
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.dbPath, "db", "inboxmill-quickstart.db", "SQLite file for the inbox and the shipments table")
+	flag.IntVar(&cfg.events, "events", 20, "number of distinct order events")
+	flag.BoolVar(&cfg.verbose, "v", false, "log every delivery")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	dbPath  string
+	events  int
+	verbose bool
+}
+
+type summary struct {
+	published, delivered, executed, duplicates, conflicts, poisoned int
+	shipments, distinctShipments                                    int
+}
+
+func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
+	var sum summary
+	if cfg.events < 7 {
+		return sum, errors.New("-events must be at least 7")
+	}
+	db, err := sql.Open("sqlite", inbox.SQLiteDSN(cfg.dbPath))
+	if err != nil {
+		return sum, err
+	}
+	defer db.Close()
+
+	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Table: "inbox"})
+	if err != nil {
+		return sum, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return sum, err
+	}
+	// The application's own table. The handler writes to it in the same
+	// transaction as the inbox record: both commit, or neither does.
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS shipments (
+		event_id TEXT NOT NULL, order_id TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)`); err != nil {
+		return sum, err
+	}
+	var before int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM shipments`).Scan(&before); err != nil {
+		return sum, err
+	}
+	fmt.Fprintf(out, "inbox: SQLite file %s (%d shipments from earlier runs)\n", cfg.dbPath, before)
+
+	logger := watermill.LoggerAdapter(watermill.NopLogger{})
+	if cfg.verbose {
+		logger = watermill.NewStdLogger(true, false)
+	}
+	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, logger)
+	defer pubSub.Close()
+
+	d, err := dedup.New(store, dedup.Config{
+		Key:          dedup.KeyFromMetadata("event_id"),
+		Scope:        dedup.ScopeFromMetadata("tenant_id"),
+		IgnoreFields: []string{"sent_at"}, // a producer retry stamps a new time; same order
+		Logger:       logger,
+	})
+	if err != nil {
+		return sum, err
+	}
+	poison, err := middleware.PoisonQueueWithFilter(pubSub, poisonTopic, dedup.IsPoison)
+	if err != nil {
+		return sum, err
+	}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
+	if err != nil {
+		return sum, err
+	}
+	var mu sync.Mutex
+	delivered := 0
+	lost := map[string]bool{}
+	router.AddMiddleware(
+		// Outermost: a message that can never succeed goes to the poison
+		// topic instead of being redelivered forever.
+		poison,
+		func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				mu.Lock()
+				delivered++
+				mu.Unlock()
+				return h(msg)
+			}
+		},
+		// Simulates a consumer that crashes after its transaction committed
+		// but before the broker saw the ack: the message comes back.
+		func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := h(msg)
+				id := msg.Metadata.Get("event_id")
+				if err == nil && eventNumber(id)%6 == 0 {
+					mu.Lock()
+					defer mu.Unlock()
+					if !lost[id] {
+						lost[id] = true
+						return nil, errors.New("simulated crash after commit, before ack")
+					}
+				}
+				return out, err
+			}
+		},
+		d.Middleware,
+	)
+	failed := map[string]bool{}
+	router.AddConsumerHandler("ship_order", ordersTopic, pubSub, func(msg *message.Message) error {
+		tx, _ := dedup.TxFromContext(msg.Context())
+		var o order
+		if err := decodeOrder(msg.Payload, &o); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(msg.Context(),
+			`INSERT INTO shipments (event_id, order_id, sku, qty) VALUES (?, ?, ?, ?)`,
+			msg.Metadata.Get("event_id"), o.OrderID, o.SKU, o.Qty); err != nil {
+			return err
+		}
+		// Every fourth event fails once after writing: the write is rolled
+		// back with the inbox record, and the redelivery runs it again.
+		id := msg.Metadata.Get("event_id")
+		if eventNumber(id)%4 == 0 {
+			mu.Lock()
+			defer mu.Unlock()
+			if !failed[id] {
+				failed[id] = true
+				return errors.New("simulated failure of the warehouse API")
+			}
+		}
+		return nil
+	})
+
+	poisoned, err := pubSub.Subscribe(ctx, poisonTopic)
+	if err != nil {
+		return sum, err
+	}
+	go func() { _ = router.Run(ctx) }()
+	select {
+	case <-router.Running():
+	case <-ctx.Done():
+		return sum, ctx.Err()
+	}
+
+	msgs := stream(cfg.events)
+	for _, m := range msgs {
+		if err := pubSub.Publish(ordersTopic, m); err != nil {
+			return sum, err
+		}
+	}
+	// Every published message ends acked: executed, duplicate, or (the
+	// conflict) moved to the poison topic.
+	for {
+		st := d.Stats()
+		mu.Lock()
+		lostAcks := len(lost)
+		mu.Unlock()
+		if int(st.Executed+st.Duplicates+st.Conflicts)-lostAcks >= len(msgs) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return sum, fmt.Errorf("waiting for deliveries: %w (stats %+v)", ctx.Err(), st)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	conflicts := int(d.Stats().Conflicts)
+	for range conflicts {
+		select {
+		case pm := <-poisoned:
+			pm.Ack()
+			sum.poisoned++
+			fmt.Fprintf(out, "poison queue: event %s refused: %s\n",
+				pm.Metadata.Get("event_id"), pm.Metadata.Get(middleware.ReasonForPoisonedKey))
+		case <-ctx.Done():
+			return sum, ctx.Err()
+		}
+	}
+	if err := router.Close(); err != nil {
+		return sum, err
+	}
+
+	st := d.Stats()
+	mu.Lock()
+	sum.delivered = delivered
+	mu.Unlock()
+	sum.published = len(msgs)
+	sum.executed, sum.duplicates, sum.conflicts = int(st.Executed), int(st.Duplicates), int(st.Conflicts)
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT event_id) FROM shipments`).
+		Scan(&sum.shipments, &sum.distinctShipments); err != nil {
+		return sum, err
+	}
+	fmt.Fprintf(out, "published %d messages for %d events; %d handler runs failed and were rolled back\n",
+		sum.published, cfg.events, st.Failed)
+	fmt.Fprintf(out, "shipments: %d rows for %d distinct events", sum.shipments, sum.distinctShipments)
+	if sum.shipments == sum.distinctShipments {
+		fmt.Fprintln(out, " — every event shipped exactly once")
+	} else {
+		fmt.Fprintln(out, " — DUPLICATE EFFECTS")
+	}
+	fmt.Fprintf(out, "delivered=%d executed=%d duplicates=%d conflicts=%d\n",
+		sum.delivered, sum.executed, sum.duplicates, sum.conflicts)
+	if sum.shipments != sum.distinctShipments {
+		return sum, errors.New("an event was shipped more than once")
+	}
+	return sum, nil
+}
