@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
 // DefaultRetention is how long a record is kept when Config.Retention is 0.
@@ -102,8 +104,10 @@ func (c Config) validate() error {
 	if c.ClaimAttempts < 0 {
 		errs = append(errs, fmt.Errorf("%w: ClaimAttempts %d is negative", ErrInvalidConfig, c.ClaimAttempts))
 	}
-	if len(c.Operation) > 255 {
-		errs = append(errs, fmt.Errorf("%w: Operation is longer than 255 bytes", ErrInvalidConfig))
+	if c.Operation != "" {
+		if err := inbox.ValidateIdentity("", c.Operation, "k"); err != nil {
+			errs = append(errs, fmt.Errorf("%w: Operation: %v", ErrInvalidConfig, err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -23,6 +23,11 @@ var (
 	// value as inbox.ErrInvalidKey.
 	ErrInvalidKey = inbox.ErrInvalidKey
 
+	// ErrFingerprint: the payload's fingerprint could not be computed (a
+	// custom FingerprintFunc failed, or returned other than 1 to 64 bytes).
+	// The handler did not run.
+	ErrFingerprint = errors.New("dedup: cannot fingerprint the payload")
+
 	// ErrInFlight: another delivery of the same key holds it and its outcome
 	// is not known yet. Retry later (the message is nacked).
 	ErrInFlight = errors.New("dedup: another delivery of the same key is in progress")
@@ -32,13 +37,15 @@ var (
 )
 
 // IsPoison reports whether err means the message can never be processed as
-// it is — a reused key with another payload, a missing or invalid key — so
+// it is — a reused key with another payload, a missing or invalid key, a
+// payload that cannot be fingerprinted — so
 // that redelivering it would loop forever. Use it to route such messages to
 // a poison queue:
 //
 //	pq, _ := middleware.PoisonQueueWithFilter(publisher, "poison", dedup.IsPoison)
 func IsPoison(err error) bool {
-	return errors.Is(err, ErrPayloadConflict) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidKey)
+	return errors.Is(err, ErrPayloadConflict) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidKey) ||
+		errors.Is(err, ErrFingerprint)
 }
 
 // IsRetryable reports whether a redelivery of the message may succeed where

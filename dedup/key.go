@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/internal/canonjson"
 )
 
 // KeyFunc derives a message's idempotency key: the ID of the business event
@@ -109,6 +111,11 @@ func jsonField(payload []byte, parts []string) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	switch {
 	case len(raw) > 0 && raw[0] == '"':
+		// encoding/json would turn invalid UTF-8 and lone surrogates into
+		// U+FFFD, folding distinct keys into one; the canonicaliser refuses them.
+		if _, err := canonjson.Canonicalize(raw, nil); err != nil {
+			return "", fmt.Errorf("%w: the field is not a valid UTF-8 string", ErrInvalidKey)
+		}
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return "", fmt.Errorf("%w: %v", ErrInvalidKey, err)

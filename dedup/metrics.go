@@ -30,8 +30,6 @@ const (
 	OutcomeFailed Outcome = "failed"
 )
 
-var outcomes = []Outcome{OutcomeExecuted, OutcomeDuplicate, OutcomeConflict, OutcomeInFlight, OutcomeInvalid, OutcomeFailed}
-
 // Stats counts outcomes since the middleware was created.
 type Stats struct {
 	Executed, Duplicates, Conflicts, InFlight, Invalid, Failed uint64

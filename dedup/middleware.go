@@ -84,7 +84,12 @@ type identity struct {
 }
 
 func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
-	var id identity
+	// The operation first: even a message refused for its key is counted
+	// and logged under the handler it reached.
+	id := identity{operation: d.cfg.Operation}
+	if id.operation == "" {
+		id.operation = message.HandlerNameFromCtx(msg.Context())
+	}
 	key, err := d.cfg.Key(msg)
 	if err != nil {
 		return id, err
@@ -93,21 +98,23 @@ func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
 	if err != nil {
 		return id, err
 	}
-	op := d.cfg.Operation
-	if op == "" {
-		op = message.HandlerNameFromCtx(msg.Context())
-	}
-	if err := inbox.ValidateIdentity(scope, op, key); err != nil {
-		if op == "" {
+	if err := inbox.ValidateIdentity(scope, id.operation, key); err != nil {
+		if id.operation == "" {
 			err = fmt.Errorf("%w (set dedup.Config.Operation when running outside a message.Router)", err)
 		}
 		return id, err
 	}
+	id.scope, id.key = scope, key
+	id.digest = inbox.KeyDigest(scope, id.operation, key)
 	hash, err := d.fp(msg)
 	if err != nil {
-		return id, fmt.Errorf("dedup: fingerprint: %w", err)
+		return id, fmt.Errorf("%w: %w", ErrFingerprint, err)
 	}
-	return identity{scope: scope, operation: op, key: key, hash: hash, digest: inbox.KeyDigest(scope, op, key)}, nil
+	if len(hash) == 0 || len(hash) > 64 {
+		return id, fmt.Errorf("%w: the fingerprint function returned %d bytes; it must return 1 to 64", ErrFingerprint, len(hash))
+	}
+	id.hash = hash
+	return id, nil
 }
 
 func (d *Deduplicator) handle(msg *message.Message, h message.HandlerFunc) ([]*message.Message, error) {

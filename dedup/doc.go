@@ -1,0 +1,43 @@
+// Package dedup is the Watermill middleware that turns at-least-once
+// delivery into exactly-once effects.
+//
+// # Mental model
+//
+// Every message names a business intent: a scope (the tenant), an operation
+// (by default the handler's name) and a key (the business event's ID, never
+// the delivery's UUID). The middleware begins a transaction, claims the
+// intent in the inbox table under its unique constraint, runs the handler
+// with that transaction in the message's context, stores the handler's
+// output messages with the record and commits. Only then does the router
+// publish the output and ack.
+//
+// A second delivery of the same intent finds the record: with the same
+// payload fingerprint it is a duplicate — the handler does not run, the
+// stored output is handed back (so a publish that failed after the commit
+// is retried, not lost) and the message is acked; with another fingerprint
+// the key was reused for a different intent — [ErrPayloadConflict], the
+// handler does not run and the message is not acked. A concurrent delivery
+// blocks on the uncommitted claim and then sees its outcome.
+//
+// # Usage
+//
+//	d, err := dedup.New(store, dedup.Config{
+//		Key:   dedup.KeyFromMetadata("event_id"),
+//		Scope: dedup.ScopeFromMetadata("tenant_id"),
+//	})
+//	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", dedup.IsPoison)
+//	router.AddMiddleware(poison, d.Middleware)
+//
+//	func handle(msg *message.Message) error {
+//		tx, _ := dedup.TxFromContext(msg.Context())
+//		_, err := tx.ExecContext(msg.Context(), "INSERT INTO shipments ...")
+//		return err
+//	}
+//
+// # What it does not cover
+//
+// Writes that bypass the transaction (another connection, an HTTP call) are
+// not part of the atomic unit and can repeat when a failed attempt is
+// redelivered. Records expire after Config.Retention; a delivery after that
+// runs again.
+package dedup

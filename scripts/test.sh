@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The test command: makes sure the databases the tests use answer (starting
+# local PostgreSQL and MariaDB when they are installed but down), creates the
+# test database, checks formatting and vet, and runs every test with the
+# race detector. Extra arguments go to `go test`, e.g. scripts/test.sh -run Conformance.
+#
+# INBOXMILL_POSTGRES_DSN and INBOXMILL_MYSQL_DSN point the tests at other
+# servers; then nothing local is started. With CI set, a test whose database
+# is unreachable fails instead of skipping.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'test.sh: %s\n' "$*" >&2; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() { # port name
+	for _ in $(seq 1 60); do
+		port_open "$1" && return 0
+		sleep 0.5
+	done
+	log "$2 does not answer on 127.0.0.1:$1"
+	return 1
+}
+
+ensure_postgres() {
+	if [ -n "${INBOXMILL_POSTGRES_DSN:-}" ]; then return 0; fi
+	if ! port_open 5432; then
+		if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
+			log "starting PostgreSQL"
+			pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start || true
+		fi
+		wait_port 5432 PostgreSQL || return 1
+	fi
+	if command -v psql >/dev/null; then
+		for _ in $(seq 1 30); do
+			psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'SELECT 1' >/dev/null 2>&1 && break
+			sleep 0.5
+		done
+		if [ "$(psql -h 127.0.0.1 -U postgres -d postgres -Atqc "SELECT 1 FROM pg_database WHERE datname = 'test'")" != 1 ]; then
+			log "creating PostgreSQL database test"
+			psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test'
+		fi
+	fi
+}
+
+ensure_mysql() {
+	if [ -n "${INBOXMILL_MYSQL_DSN:-}" ]; then return 0; fi
+	if ! port_open 3306; then
+		if [ -x /usr/sbin/mariadbd ] && command -v start-stop-daemon >/dev/null; then
+			log "starting MariaDB"
+			start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+		fi
+		wait_port 3306 MariaDB || return 1
+	fi
+	if command -v mysql >/dev/null; then
+		for _ in $(seq 1 30); do
+			mysql -h 127.0.0.1 -uroot -e 'SELECT 1' >/dev/null 2>&1 && break
+			sleep 0.5
+		done
+		mysql -h 127.0.0.1 -uroot -e 'CREATE DATABASE IF NOT EXISTS test'
+	fi
+}
+
+status=0
+ensure_postgres || status=1
+ensure_mysql || status=1
+if [ "$status" -ne 0 ] && [ -n "${CI:-}" ]; then
+	log "a database is unreachable and CI is set: the tests would fail; stopping here"
+	exit 1
+fi
+
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+	log "gofmt would change: $unformatted"
+	exit 1
+fi
+go vet ./...
+exec go test -race -count=1 -timeout 30m "$@" ./...
