@@ -1,9 +1,12 @@
 package dedup
 
 import (
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -14,6 +17,30 @@ import (
 
 // DefaultRetention is how long a record is kept when Config.Retention is 0.
 const DefaultRetention = 7 * 24 * time.Hour
+
+// Mode selects how the middleware makes a handler's effect happen once.
+type Mode int
+
+const (
+	// ModeTransactional (the default) is for effects in the same database:
+	// claim, handler and output commit in one transaction.
+	ModeTransactional Mode = iota
+	// ModeReserve is for effects outside the database (payments, e-mails,
+	// partner APIs): a short transaction reserves the intent under a lease,
+	// the handler runs with no transaction open, and a second short
+	// transaction records the outcome if the lease is still this worker's.
+	ModeReserve
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeTransactional:
+		return "transactional"
+	case ModeReserve:
+		return "reserve"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
 
 // Config configures a [Deduplicator]. Only Key is required.
 type Config struct {
@@ -67,6 +94,39 @@ type Config struct {
 	// Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
+	// Mode is ModeTransactional (default) or ModeReserve.
+	Mode Mode
+
+	// Lease is how long a reserve-mode claim is exclusively this worker's
+	// before another delivery may take it over. Defaults to 30 s. The
+	// heartbeat keeps extending it while the handler runs.
+	Lease time.Duration
+
+	// HeartbeatInterval is how often a running reserve-mode handler's lease
+	// is extended. Defaults to Lease/3; -1 disables the heartbeat (then a
+	// handler must finish within Lease).
+	HeartbeatInterval time.Duration
+
+	// InFlightWait is how long a reserve-mode delivery that finds the intent
+	// held by a live lease (or pending) waits for it to finish before it
+	// nacks with ErrInFlight (or ErrPending). Defaults to 5 s; -1 nacks at
+	// once. It bounds the load a hot redelivery loop puts on the database.
+	InFlightWait time.Duration
+
+	// InFlightPoll is how often a waiting delivery reads the record again.
+	// Defaults to 50 ms.
+	InFlightPoll time.Duration
+
+	// Owner names this worker in lease_owner. Defaults to
+	// "<hostname>-<pid>-<random>".
+	Owner string
+
+	// AckPending acks a reserve-mode delivery whose intent is pending
+	// instead of nacking it until the reconciler resolves it. Set it when
+	// the reconciler's outcome needs no redelivery (nothing to publish, and
+	// a reconciled failure is not re-run). Defaults to false.
+	AckPending bool
+
 	// Registerer, when set, receives the Prometheus collectors
 	// inboxmill_dedup_messages_total{operation,outcome} and
 	// inboxmill_dedup_claim_duration_seconds{operation}. Several
@@ -87,7 +147,36 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.Lease / 3
+	}
+	if c.InFlightWait == 0 {
+		c.InFlightWait = 5 * time.Second
+	}
+	if c.InFlightPoll == 0 {
+		c.InFlightPoll = 50 * time.Millisecond
+	}
+	if c.Owner == "" {
+		c.Owner = defaultOwner()
+	}
 	return c
+}
+
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "worker"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	owner := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	if len(owner) > 255 {
+		owner = owner[len(owner)-255:]
+	}
+	return owner
 }
 
 func (c Config) validate() error {
@@ -103,6 +192,25 @@ func (c Config) validate() error {
 	}
 	if c.ClaimAttempts < 0 {
 		errs = append(errs, fmt.Errorf("%w: ClaimAttempts %d is negative", ErrInvalidConfig, c.ClaimAttempts))
+	}
+	if c.Mode != ModeTransactional && c.Mode != ModeReserve {
+		errs = append(errs, fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(c.Mode)))
+	}
+	if c.Lease < 0 {
+		errs = append(errs, fmt.Errorf("%w: Lease %v is negative", ErrInvalidConfig, c.Lease))
+	}
+	if c.HeartbeatInterval < -1 || (c.HeartbeatInterval > 0 && c.Lease > 0 && c.HeartbeatInterval >= c.Lease) {
+		errs = append(errs, fmt.Errorf("%w: HeartbeatInterval %v must be shorter than Lease %v (or -1 to disable)",
+			ErrInvalidConfig, c.HeartbeatInterval, c.Lease))
+	}
+	if c.InFlightWait < -1 {
+		errs = append(errs, fmt.Errorf("%w: InFlightWait %v is negative (use -1 to nack at once)", ErrInvalidConfig, c.InFlightWait))
+	}
+	if c.InFlightPoll < 0 {
+		errs = append(errs, fmt.Errorf("%w: InFlightPoll %v is negative", ErrInvalidConfig, c.InFlightPoll))
+	}
+	if len(c.Owner) > 255 {
+		errs = append(errs, fmt.Errorf("%w: Owner is longer than 255 bytes", ErrInvalidConfig))
 	}
 	if c.Operation != "" {
 		if err := inbox.ValidateIdentity("", c.Operation, "k"); err != nil {

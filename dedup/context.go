@@ -3,6 +3,8 @@ package dedup
 import (
 	"context"
 	"database/sql"
+
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
 type ctxKey int
@@ -44,4 +46,10 @@ func withClaim(ctx context.Context, tx *sql.Tx, c Claim) context.Context {
 		ctx = context.WithValue(ctx, txKey, tx)
 	}
 	return context.WithValue(ctx, claimKey, c)
+}
+
+// IdempotencyKeyOf returns the Claim.IdempotencyKey of a record's intent, for
+// a reconciler that looks an effect up by the key the handler sent.
+func IdempotencyKeyOf(rec *inbox.Record) string {
+	return idempotencyKey(identity{scope: rec.Scope, operation: rec.Operation, key: rec.Key})
 }

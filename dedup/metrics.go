@@ -25,18 +25,27 @@ const (
 	OutcomeInFlight Outcome = "in_flight"
 	// OutcomeInvalid: no usable key; the handler did not run.
 	OutcomeInvalid Outcome = "invalid"
-	// OutcomeFailed: the handler, or the database, failed; everything was
-	// rolled back and the message nacked.
+	// OutcomeRetry: the handler or the database failed transiently;
+	// everything was rolled back (transactional mode) or the reservation
+	// released (reserve mode), and the message nacked for a clean retry.
+	OutcomeRetry Outcome = "retry"
+	// OutcomeFailed: the handler failed permanently (Permanent); the intent
+	// is recorded as failed and will not run again.
 	OutcomeFailed Outcome = "failed"
+	// OutcomePending: in reserve mode, the outcome of the external effect is
+	// uncertain; the record waits for reconciliation.
+	OutcomePending Outcome = "pending"
 )
 
 // Stats counts outcomes since the middleware was created.
 type Stats struct {
-	Executed, Duplicates, Conflicts, InFlight, Invalid, Failed uint64
+	Executed, Duplicates, Conflicts, InFlight, Invalid, Retries, Failed, Pending uint64
+	// Takeovers counts reserve-mode claims of an expired or released lease.
+	Takeovers uint64
 }
 
 type counters struct {
-	executed, duplicate, conflict, inFlight, invalid, failed atomic.Uint64
+	executed, duplicate, conflict, inFlight, invalid, retry, failed, pending, takeover atomic.Uint64
 }
 
 func (c *counters) add(o Outcome) {
@@ -51,22 +60,28 @@ func (c *counters) add(o Outcome) {
 		c.inFlight.Add(1)
 	case OutcomeInvalid:
 		c.invalid.Add(1)
+	case OutcomeRetry:
+		c.retry.Add(1)
 	case OutcomeFailed:
 		c.failed.Add(1)
+	case OutcomePending:
+		c.pending.Add(1)
 	}
 }
 
 func (c *counters) snapshot() Stats {
 	return Stats{
 		Executed: c.executed.Load(), Duplicates: c.duplicate.Load(), Conflicts: c.conflict.Load(),
-		InFlight: c.inFlight.Load(), Invalid: c.invalid.Load(), Failed: c.failed.Load(),
+		InFlight: c.inFlight.Load(), Invalid: c.invalid.Load(), Retries: c.retry.Load(),
+		Failed: c.failed.Load(), Pending: c.pending.Load(), Takeovers: c.takeover.Load(),
 	}
 }
 
 // metrics are the Prometheus collectors; nil when no Registerer was given.
 type metrics struct {
-	messages *prometheus.CounterVec
-	claim    *prometheus.HistogramVec
+	messages  *prometheus.CounterVec
+	takeovers *prometheus.CounterVec
+	claim     *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -80,6 +95,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name:      "messages_total",
 			Help:      "Deliveries seen by the dedup middleware, by operation and outcome.",
 		}, []string{"operation", "outcome"}),
+		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "inboxmill",
+			Subsystem: "dedup",
+			Name:      "takeovers_total",
+			Help:      "Reserve-mode claims of an intent whose lease had expired or was released, by operation.",
+		}, []string{"operation"}),
 		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "inboxmill",
 			Subsystem: "dedup",
@@ -90,6 +111,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	var err error
 	m.messages, err = register(reg, m.messages)
+	if err != nil {
+		return nil, err
+	}
+	m.takeovers, err = register(reg, m.takeovers)
 	if err != nil {
 		return nil, err
 	}
@@ -118,6 +143,12 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 func (m *metrics) observe(op string, o Outcome) {
 	if m != nil {
 		m.messages.WithLabelValues(op, string(o)).Inc()
+	}
+}
+
+func (m *metrics) observeTakeover(op string) {
+	if m != nil {
+		m.takeovers.WithLabelValues(op).Inc()
 	}
 }
 

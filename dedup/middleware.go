@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -123,108 +124,17 @@ func (d *Deduplicator) handle(msg *message.Message, h message.HandlerFunc) ([]*m
 		d.finish(msg, id, OutcomeInvalid, err)
 		return nil, err
 	}
-	ctx := msg.Context()
-	for attempt := 1; ; attempt++ {
-		out, outcome, ran, err := d.once(ctx, msg, h, id)
-		if err != nil && !ran && inbox.IsRetryable(err) && attempt < d.cfg.ClaimAttempts && ctx.Err() == nil {
-			continue
-		}
-		d.finish(msg, id, outcome, err)
-		return out, err
+	var (
+		out     []*message.Message
+		outcome Outcome
+	)
+	if d.cfg.Mode == ModeReserve {
+		out, outcome, err = d.reserve(msg, h, id)
+	} else {
+		out, outcome, err = d.transactional(msg, h, id)
 	}
-}
-
-// once makes one transactional try in a transaction of its own. ran
-// reports whether h was called.
-func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message.HandlerFunc, id identity) (
-	out []*message.Message, outcome Outcome, ran bool, err error,
-) {
-	tx, err := d.store.DB().BeginTx(ctx, d.cfg.TxOptions)
-	if err != nil {
-		return nil, OutcomeFailed, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
-	}
-	out, outcome, ran, err = d.inTx(ctx, tx, msg, h, id)
-	if err != nil || outcome != OutcomeExecuted {
-		// A duplicate only read; a failure must leave nothing behind.
-		_ = tx.Rollback()
-		return out, outcome, ran, err
-	}
-	if err := tx.Commit(); err != nil {
-		// After a lost connection the commit may have happened; the
-		// redelivery's claim finds out, so a nack is safe either way.
-		return nil, OutcomeFailed, true, fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
-	}
-	return out, OutcomeExecuted, true, nil
-}
-
-// inTx claims the message in tx and, when the key is new, runs h in it and
-// stores h's output. It neither commits nor rolls back: the caller owns tx,
-// whether the middleware began it or a transport's consuming transaction
-// (with a savepoint around the attempt) is joined. On OutcomeExecuted the
-// caller commits; on anything else it rolls back.
-func (d *Deduplicator) inTx(ctx context.Context, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, id identity) (
-	out []*message.Message, outcome Outcome, ran bool, err error,
-) {
-	start := time.Now()
-	res, err := d.store.Claim(ctx, tx, inbox.ClaimParams{
-		Scope:         id.scope,
-		Operation:     id.operation,
-		Key:           id.key,
-		PayloadHash:   id.hash,
-		Status:        inbox.StatusCompleted,
-		CorrelationID: middlewareCorrelationID(msg),
-		ExpiresAt:     d.expiresAt(),
-	})
-	d.metrics.observeClaim(id.operation, time.Since(start))
-	switch {
-	case errors.Is(err, ErrPayloadConflict):
-		return nil, OutcomeConflict, false, err
-	case err != nil:
-		return nil, OutcomeFailed, false, err
-	case !res.Claimed:
-		out, outcome, err := d.replay(res.Record)
-		return out, outcome, false, err
-	}
-
-	claim := Claim{Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: res.Record.Attempt,
-		IdempotencyKey: idempotencyKey(id)}
-	out, err = d.run(ctx, tx, msg, h, claim)
-	if err != nil {
-		return nil, OutcomeFailed, true, d.store.Classify(err)
-	}
-	if len(out) > 0 {
-		// Inserted as completed without a result (see ClaimParams.Status);
-		// only handlers that produce messages pay for this second statement.
-		enc, err := encodeMessages(out)
-		if err != nil {
-			return nil, OutcomeFailed, true, err
-		}
-		err = d.store.Complete(ctx, tx, inbox.CompleteParams{
-			Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: res.Record.Attempt, Result: enc,
-		})
-		if err != nil {
-			return nil, OutcomeFailed, true, fmt.Errorf("dedup: store output: %w", err)
-		}
-	}
-	return out, OutcomeExecuted, true, nil
-}
-
-// replay decides what a delivery of a key that is already recorded does.
-func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, error) {
-	switch rec.Status {
-	case inbox.StatusCompleted:
-		out, err := decodeMessages(rec.Result)
-		if err != nil {
-			return nil, OutcomeFailed, err
-		}
-		return out, OutcomeDuplicate, nil
-	case inbox.StatusFailed:
-		// Terminal: the intent was tried and refused for good. Running it
-		// again would not be a retry but a second intent.
-		return nil, OutcomeDuplicate, nil
-	default:
-		return nil, OutcomeInFlight, fmt.Errorf("%w (record is %s, attempt %d)", ErrInFlight, rec.Status, rec.Attempt)
-	}
+	d.finish(msg, id, outcome, err)
+	return out, err
 }
 
 // run calls h with the transaction and claim in the message's context, turns
@@ -244,6 +154,26 @@ func (d *Deduplicator) run(ctx context.Context, tx *sql.Tx, msg *message.Message
 	return h(msg)
 }
 
+func (d *Deduplicator) claimFor(id identity, attempt int64) Claim {
+	return Claim{Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: attempt,
+		IdempotencyKey: idempotencyKey(id)}
+}
+
+// maxErrorLen bounds the error text stored with a record.
+const maxErrorLen = 4096
+
+// errorText renders err for the record's error column: valid UTF-8, bounded.
+func errorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	if len(s) > maxErrorLen {
+		s = strings.ToValidUTF8(s[:maxErrorLen], "")
+	}
+	return s
+}
+
 func (d *Deduplicator) expiresAt() time.Time {
 	if d.cfg.Retention < 0 {
 		return time.Time{}
@@ -251,9 +181,7 @@ func (d *Deduplicator) expiresAt() time.Time {
 	return d.store.Now().Add(d.cfg.Retention)
 }
 
-func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err error) {
-	d.stats.add(o)
-	d.metrics.observe(id.operation, o)
+func (d *Deduplicator) logFields(msg *message.Message, id identity, o Outcome, err error) watermill.LogFields {
 	fields := watermill.LogFields{
 		"message_uuid": msg.UUID,
 		"outcome":      string(o),
@@ -261,9 +189,19 @@ func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err 
 		"scope":        id.scope,
 		"key_digest":   id.digest,
 	}
+	if d.cfg.Mode == ModeReserve {
+		fields["mode"] = "reserve"
+	}
 	if err != nil {
 		fields["error"] = err.Error()
 	}
+	return fields
+}
+
+func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err error) {
+	d.stats.add(o)
+	d.metrics.observe(id.operation, o)
+	fields := d.logFields(msg, id, o, err)
 	switch o {
 	case OutcomeExecuted:
 		d.cfg.Logger.Debug("inboxmill: handler executed", fields)
@@ -275,8 +213,12 @@ func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err 
 		d.cfg.Logger.Info("inboxmill: key held by another delivery; retry later", fields)
 	case OutcomeInvalid:
 		d.cfg.Logger.Info("inboxmill: message has no usable idempotency key; refused", fields)
+	case OutcomeFailed:
+		d.cfg.Logger.Info("inboxmill: handler failed permanently; recorded, will not run again", fields)
+	case OutcomePending:
+		d.cfg.Logger.Info("inboxmill: outcome uncertain; pending until reconciled", fields)
 	default:
-		d.cfg.Logger.Info("inboxmill: delivery failed and was rolled back", fields)
+		d.cfg.Logger.Info("inboxmill: delivery failed and was rolled back or released for retry", fields)
 	}
 }
 
@@ -291,9 +233,9 @@ func idempotencyKey(id identity) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// middlewareCorrelationID picks up the correlation ID set by watermill's
+// correlationID picks up the correlation ID set by watermill's
 // CorrelationID middleware, if any.
-func middlewareCorrelationID(msg *message.Message) string {
+func correlationID(msg *message.Message) string {
 	v := msg.Metadata.Get("correlation_id")
 	if len(v) > 255 {
 		return ""

@@ -114,7 +114,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeDuplicate))
 	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeConflict))
 	require.Equal(t, 1.0, counterSum(t, reg, messagesMetric, "outcome", string(dedup.OutcomeInvalid)))
-	for _, o := range []dedup.Outcome{dedup.OutcomeInFlight, dedup.OutcomeFailed} {
+	for _, o := range []dedup.Outcome{dedup.OutcomeInFlight, dedup.OutcomeRetry} {
 		require.Zero(t, counterSum(t, reg, messagesMetric, "outcome", string(o)), o)
 	}
 
@@ -233,10 +233,10 @@ func TestMetricsRecordInFlightFailedAndTerminalRecords(t *testing.T) {
 	require.False(t, dedup.IsPoison(err))
 
 	require.Equal(t, 1, calls, "only the new key ran the handler")
-	require.Equal(t, dedup.Stats{InFlight: 1, Duplicates: 1, Failed: 1}, d.Stats())
+	require.Equal(t, dedup.Stats{InFlight: 1, Duplicates: 1, Retries: 1}, d.Stats())
 	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeInFlight))
 	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeDuplicate))
-	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeFailed))
+	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeRetry))
 	_, err = store.Get(ctx, store.DB(), "", "op", "new")
 	require.ErrorIs(t, err, inbox.ErrNotFound, "the failed delivery left no record")
 }
@@ -349,8 +349,8 @@ func TestLoggingLevelsAndRedaction(t *testing.T) {
 		{name: "duplicate", key: secretKey, payload: payload, outcome: dedup.OutcomeDuplicate, level: "info"},
 		{name: "conflict", key: secretKey, payload: `{"card":"` + secretPay + `","amount":2}`, outcome: dedup.OutcomeConflict, level: "info"},
 		{name: "in flight", key: heldKey, payload: payload, outcome: dedup.OutcomeInFlight, level: "info"},
-		{name: "failed", key: secretKey + "-fail", payload: payload, mode: "fail", outcome: dedup.OutcomeFailed, level: "info"},
-		{name: "panic", key: secretKey + "-panic", payload: payload, mode: "panic", outcome: dedup.OutcomeFailed, level: "info"},
+		{name: "failed", key: secretKey + "-fail", payload: payload, mode: "fail", outcome: dedup.OutcomeRetry, level: "info"},
+		{name: "panic", key: secretKey + "-panic", payload: payload, mode: "panic", outcome: dedup.OutcomeRetry, level: "info"},
 		{name: "missing key", key: "", payload: payload, outcome: dedup.OutcomeInvalid, level: "info"},
 		{name: "oversized key", key: strings.Repeat(secretKey, 20), payload: payload, outcome: dedup.OutcomeInvalid, level: "info"},
 		{name: "key with NUL", key: secretKey + "\x00", payload: payload, outcome: dedup.OutcomeInvalid, level: "info"},

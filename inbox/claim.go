@@ -30,6 +30,9 @@ type ClaimParams struct {
 	LeaseUntil time.Time
 	// CorrelationID links the record to logs and traces. Optional.
 	CorrelationID string
+	// Error is stored with the record; useful when inserting StatusFailed
+	// directly. Optional.
+	Error string
 	// ExpiresAt is when the record may be purged. Zero keeps it forever.
 	ExpiresAt time.Time
 }
@@ -116,7 +119,7 @@ func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, 
 	for range claimRetries {
 		res, err := q.ExecContext(ctx, s.q.Insert,
 			p.Scope, p.Operation, p.Key, p.PayloadHash, string(p.Status), p.LeaseOwner,
-			s.timeArg(p.LeaseUntil), p.CorrelationID, s.timeArg(now), s.timeArg(now), s.timeArg(p.ExpiresAt))
+			s.timeArg(p.LeaseUntil), p.CorrelationID, p.Error, s.timeArg(now), s.timeArg(now), s.timeArg(p.ExpiresAt))
 		if err != nil {
 			return ClaimResult{}, fmt.Errorf("inbox: claim: %w", s.Classify(err))
 		}
@@ -128,7 +131,7 @@ func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, 
 			return ClaimResult{Claimed: true, Record: &Record{
 				Scope: p.Scope, Operation: p.Operation, Key: p.Key, PayloadHash: p.PayloadHash,
 				Status: p.Status, Attempt: 1, LeaseOwner: p.LeaseOwner, LeaseUntil: p.LeaseUntil,
-				CorrelationID: p.CorrelationID, CreatedAt: now, UpdatedAt: now, ExpiresAt: p.ExpiresAt,
+				CorrelationID: p.CorrelationID, Error: p.Error, CreatedAt: now, UpdatedAt: now, ExpiresAt: p.ExpiresAt,
 			}}, nil
 		}
 		rec, err := scanRecord(q.QueryRowContext(ctx, s.q.SelectForClaim, p.Scope, p.Operation, p.Key))
@@ -147,48 +150,6 @@ func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, 
 	}
 	return ClaimResult{}, fmt.Errorf("inbox: claim: the record holding the key vanished %d times in a row: %w",
 		claimRetries, ErrTransient)
-}
-
-// CompleteParams are the inputs of [Store.Complete].
-type CompleteParams struct {
-	Scope, Operation, Key string
-	// Attempt is the fencing token the caller holds (Record.Attempt).
-	Attempt int64
-	// Result is the replayable outcome. Nil stores NULL.
-	Result []byte
-	// ResourceID names what the effect created. Optional.
-	ResourceID string
-	// ExternalRef is the provider's reference. Optional; an empty value
-	// keeps the one stored.
-	ExternalRef string
-}
-
-// Complete marks the record completed with p's result and drops its lease,
-// provided the record's attempt is still p.Attempt. Otherwise it changes
-// nothing and returns [ErrLeaseLost] ([ErrNotFound] when there is no record).
-func (s *Store) Complete(ctx context.Context, q DBTX, p CompleteParams) error {
-	res, err := q.ExecContext(ctx, s.q.Complete, p.Result, p.ResourceID, p.ExternalRef, s.timeArg(s.now()),
-		p.Scope, p.Operation, p.Key, p.Attempt)
-	if err != nil {
-		return fmt.Errorf("inbox: complete: %w", s.Classify(err))
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("inbox: complete: rows affected: %w", s.Classify(err))
-	}
-	if n == 1 {
-		return nil
-	}
-	// Zero rows: fenced off or missing — or, on MySQL without
-	// CLIENT_FOUND_ROWS, matched but every value was already the same. Look.
-	rec, err := s.Get(ctx, q, p.Scope, p.Operation, p.Key)
-	if err != nil {
-		return fmt.Errorf("inbox: complete: %w", err)
-	}
-	if rec.Attempt != p.Attempt || rec.Status != StatusCompleted {
-		return fmt.Errorf("inbox: complete: record is at attempt %d, caller holds %d: %w", rec.Attempt, p.Attempt, ErrLeaseLost)
-	}
-	return nil
 }
 
 // Get reads one record through q, or returns [ErrNotFound].

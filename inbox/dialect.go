@@ -40,7 +40,7 @@ type Queries struct {
 	// inserted and 0 when the key was taken. A concurrent insert of the same
 	// key must block until the other transaction ends.
 	// Args: scope, operation, key, payload_hash, status, lease_owner,
-	// lease_until, correlation_id, created_at, updated_at, expires_at.
+	// lease_until, correlation_id, error, created_at, updated_at, expires_at.
 	Insert string
 	// SelectForClaim reads a record after Insert found its key taken. It
 	// must see the latest committed row even in a transaction whose snapshot
@@ -52,10 +52,38 @@ type Queries struct {
 	// lease_until, result, resource_id, correlation_id, external_ref, error,
 	// created_at, updated_at, expires_at.
 	Select string
-	// Complete marks the record completed with its result, only while the
-	// attempt matches. Args: result, resource_id, external_ref, updated_at,
-	// scope, operation, key, attempt.
-	Complete string
+	// Finish moves a record from one status to another, storing the outcome
+	// and dropping the lease, only while the attempt matches (fencing).
+	// Args: to_status, result, resource_id, external_ref (empty keeps the
+	// stored one), error, updated_at, scope, operation, key, attempt,
+	// from_status.
+	Finish string
+	// TakeOver gives a processing record whose lease expired (or was
+	// released) to a new owner as attempt+1, compare-and-set on the attempt.
+	// Args: lease_owner, lease_until, updated_at, scope, operation, key,
+	// attempt, now.
+	TakeOver string
+	// ExtendLease moves lease_until of a processing record while the
+	// attempt matches. Args: lease_until, updated_at, scope, operation, key,
+	// attempt.
+	ExtendLease string
+	// SelectPending lists pending records, oldest update first.
+	// Args: limit. Columns: as Select.
+	SelectPending string
+	// SelectStale lists processing records whose lease expired (or was
+	// released) and that were last updated before a time, oldest first.
+	// Args: now, updated_before, limit. Columns: as Select.
+	SelectStale string
+	// UnfinishedStats counts processing and pending records. Columns:
+	// status, count, oldest updated_at. Args: none.
+	UnfinishedStats string
+	// OldestExpired returns the smallest expires_at of a finished record.
+	// Columns: expires_at (NULL when none). Args: none.
+	OldestExpired string
+	// Purge deletes up to limit completed or failed records whose
+	// expires_at is before a time, in one short statement, never waiting on
+	// rows other transactions hold. Args: before, limit.
+	Purge string
 	// Delete removes one record. Args: scope, operation, key.
 	Delete string
 
@@ -106,3 +134,9 @@ func renameTable(sql, table string) string {
 // columns is the select list shared by every dialect, in Record order.
 const columns = `scope, operation, %KEY%, payload_hash, status, attempt, lease_owner, lease_until,
 	result, resource_id, correlation_id, external_ref, error, created_at, updated_at, expires_at`
+
+// statuses of records a purge may delete, and of unfinished ones.
+const (
+	finishedStatuses   = `('completed', 'failed')`
+	unfinishedStatuses = `('processing', 'pending')`
+)

@@ -30,16 +30,29 @@ func (mysqlDialect) Queries(table string) Queries {
 		// CLIENT_FOUND_ROWS says (that flag only changes UPDATE counts), and a
 		// concurrent insert of the same key waits on its row lock.
 		Insert: "INSERT IGNORE INTO inbox (scope, operation, `key`, payload_hash, status, attempt, lease_owner,\n" +
-			"\tlease_until, correlation_id, created_at, updated_at, expires_at)\n" +
-			"VALUES (?, ?, ?, ?, ?, 1, NULLIF(?, ''), ?, NULLIF(?, ''), ?, ?, ?)",
+			"\tlease_until, correlation_id, error, created_at, updated_at, expires_at)\n" +
+			"VALUES (?, ?, ?, ?, ?, 1, NULLIF(?, ''), ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)",
 		// A locking read: under REPEATABLE READ a plain SELECT reads the
 		// transaction's snapshot, which may predate the row that made the
 		// INSERT IGNORE above a no-op.
 		SelectForClaim: "SELECT " + cols + " FROM inbox" + where + " LOCK IN SHARE MODE",
 		Select:         "SELECT " + cols + " FROM inbox" + where,
-		Complete: "UPDATE inbox SET status = 'completed', result = ?, resource_id = NULLIF(?, ''),\n" +
-			"\texternal_ref = COALESCE(NULLIF(?, ''), external_ref), lease_owner = NULL, lease_until = NULL, updated_at = ?" +
-			where + " AND attempt = ?",
+		Finish: "UPDATE inbox SET status = ?, result = ?, resource_id = NULLIF(?, ''),\n" +
+			"\texternal_ref = COALESCE(NULLIF(?, ''), external_ref), error = NULLIF(?, ''),\n" +
+			"\tlease_owner = NULL, lease_until = NULL, updated_at = ?" +
+			where + " AND attempt = ? AND status = ?",
+		TakeOver: "UPDATE inbox SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?" +
+			where + " AND attempt = ? AND status = 'processing' AND (lease_until IS NULL OR lease_until < ?)",
+		ExtendLease:   "UPDATE inbox SET lease_until = ?, updated_at = ?" + where + " AND attempt = ? AND status = 'processing'",
+		SelectPending: "SELECT " + cols + " FROM inbox WHERE status = 'pending' ORDER BY updated_at LIMIT ?",
+		SelectStale: "SELECT " + cols + " FROM inbox\n" +
+			"WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?\n" +
+			"ORDER BY updated_at LIMIT ?",
+		UnfinishedStats: "SELECT status, COUNT(*), MIN(updated_at) FROM inbox WHERE status IN " + unfinishedStatuses + " GROUP BY status",
+		OldestExpired:   "SELECT MIN(expires_at) FROM inbox WHERE expires_at IS NOT NULL AND status IN " + finishedStatuses,
+		// One short autocommit statement per batch; the expires_at index
+		// keeps it to the rows it deletes.
+		Purge:  "DELETE FROM inbox WHERE expires_at < ? AND status IN " + finishedStatuses + " ORDER BY expires_at LIMIT ?",
 		Delete: "DELETE FROM inbox" + where,
 
 		CreateMigrationsTable: "CREATE TABLE IF NOT EXISTS inbox_migrations (\n" +

@@ -26,17 +26,35 @@ func (postgres) Queries(table string) Queries {
 		// abort the whole transaction, and with it the caller's work when the
 		// claim joins the caller's transaction.
 		Insert: `INSERT INTO inbox (scope, operation, key, payload_hash, status, attempt, lease_owner,
-	lease_until, correlation_id, created_at, updated_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, 1, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11)
+	lease_until, correlation_id, error, created_at, updated_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, 1, NULLIF($6, ''), $7, NULLIF($8, ''), NULLIF($9, ''), $10, $11, $12)
 ON CONFLICT (scope, operation, key) DO NOTHING`,
 		// Under READ COMMITTED every statement sees the latest commit; under
 		// REPEATABLE READ the Insert above already failed with a serialization
 		// error when the conflicting row was invisible, so a plain read will do.
 		SelectForClaim: `SELECT ` + cols + ` FROM inbox WHERE scope = $1 AND operation = $2 AND key = $3`,
 		Select:         `SELECT ` + cols + ` FROM inbox WHERE scope = $1 AND operation = $2 AND key = $3`,
-		Complete: `UPDATE inbox SET status = 'completed', result = $1, resource_id = NULLIF($2, ''),
-	external_ref = COALESCE(NULLIF($3, ''), external_ref), lease_owner = NULL, lease_until = NULL, updated_at = $4
-WHERE scope = $5 AND operation = $6 AND key = $7 AND attempt = $8`,
+		Finish: `UPDATE inbox SET status = $1, result = $2, resource_id = NULLIF($3, ''),
+	external_ref = COALESCE(NULLIF($4, ''), external_ref), error = NULLIF($5, ''),
+	lease_owner = NULL, lease_until = NULL, updated_at = $6
+WHERE scope = $7 AND operation = $8 AND key = $9 AND attempt = $10 AND status = $11`,
+		TakeOver: `UPDATE inbox SET attempt = attempt + 1, lease_owner = $1, lease_until = $2, updated_at = $3
+WHERE scope = $4 AND operation = $5 AND key = $6 AND attempt = $7
+	AND status = 'processing' AND (lease_until IS NULL OR lease_until < $8)`,
+		ExtendLease: `UPDATE inbox SET lease_until = $1, updated_at = $2
+WHERE scope = $3 AND operation = $4 AND key = $5 AND attempt = $6 AND status = 'processing'`,
+		SelectPending: `SELECT ` + cols + ` FROM inbox WHERE status = 'pending' ORDER BY updated_at LIMIT $1`,
+		SelectStale: `SELECT ` + cols + ` FROM inbox
+WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < $1) AND updated_at < $2
+ORDER BY updated_at LIMIT $3`,
+		UnfinishedStats: `SELECT status, count(*), min(updated_at) FROM inbox WHERE status IN ` + unfinishedStatuses + ` GROUP BY status`,
+		OldestExpired:   `SELECT min(expires_at) FROM inbox WHERE expires_at IS NOT NULL AND status IN ` + finishedStatuses,
+		// PostgreSQL has no DELETE ... LIMIT; the batch is picked by primary
+		// key, skipping rows a claim holds so that a purge never waits on one.
+		Purge: `DELETE FROM inbox WHERE (scope, operation, key) IN (
+	SELECT scope, operation, key FROM inbox
+	WHERE expires_at < $1 AND status IN ` + finishedStatuses + `
+	LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 		Delete: `DELETE FROM inbox WHERE scope = $1 AND operation = $2 AND key = $3`,
 
 		CreateMigrationsTable: `CREATE TABLE IF NOT EXISTS inbox_migrations (
@@ -82,7 +100,8 @@ func (postgres) Classify(err error) error {
 }
 
 func (q Queries) rename(table string) Queries {
-	for _, s := range []*string{&q.Insert, &q.SelectForClaim, &q.Select, &q.Complete, &q.Delete,
+	for _, s := range []*string{&q.Insert, &q.SelectForClaim, &q.Select, &q.Finish, &q.TakeOver, &q.ExtendLease,
+		&q.SelectPending, &q.SelectStale, &q.UnfinishedStats, &q.OldestExpired, &q.Purge, &q.Delete,
 		&q.CreateMigrationsTable, &q.SelectMigrations, &q.SelectMigration, &q.InsertMigration} {
 		*s = renameTable(*s, table)
 	}

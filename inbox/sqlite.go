@@ -41,16 +41,30 @@ func (sqliteDialect) Queries(table string) Queries {
 	where := ` WHERE scope = ? AND operation = ? AND "key" = ?`
 	q := Queries{
 		Insert: `INSERT INTO inbox (scope, operation, "key", payload_hash, status, attempt, lease_owner,
-	lease_until, correlation_id, created_at, updated_at, expires_at)
-VALUES (?, ?, ?, ?, ?, 1, NULLIF(?, ''), ?, NULLIF(?, ''), ?, ?, ?)
+	lease_until, correlation_id, error, created_at, updated_at, expires_at)
+VALUES (?, ?, ?, ?, ?, 1, NULLIF(?, ''), ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)
 ON CONFLICT (scope, operation, "key") DO NOTHING`,
 		// SQLite has one writer at a time: once Insert ran, this transaction
 		// holds the write lock and reads the latest data.
 		SelectForClaim: `SELECT ` + cols + ` FROM inbox` + where,
 		Select:         `SELECT ` + cols + ` FROM inbox` + where,
-		Complete: `UPDATE inbox SET status = 'completed', result = ?, resource_id = NULLIF(?, ''),
-	external_ref = COALESCE(NULLIF(?, ''), external_ref), lease_owner = NULL, lease_until = NULL, updated_at = ?` +
-			where + ` AND attempt = ?`,
+		Finish: `UPDATE inbox SET status = ?, result = ?, resource_id = NULLIF(?, ''),
+	external_ref = COALESCE(NULLIF(?, ''), external_ref), error = NULLIF(?, ''),
+	lease_owner = NULL, lease_until = NULL, updated_at = ?` + where + ` AND attempt = ? AND status = ?`,
+		TakeOver: `UPDATE inbox SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?` + where +
+			` AND attempt = ? AND status = 'processing' AND (lease_until IS NULL OR lease_until < ?)`,
+		ExtendLease:   `UPDATE inbox SET lease_until = ?, updated_at = ?` + where + ` AND attempt = ? AND status = 'processing'`,
+		SelectPending: `SELECT ` + cols + ` FROM inbox WHERE status = 'pending' ORDER BY updated_at LIMIT ?`,
+		SelectStale: `SELECT ` + cols + ` FROM inbox
+WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?
+ORDER BY updated_at LIMIT ?`,
+		UnfinishedStats: `SELECT status, COUNT(*), MIN(updated_at) FROM inbox WHERE status IN ` + unfinishedStatuses + ` GROUP BY status`,
+		OldestExpired:   `SELECT MIN(expires_at) FROM inbox WHERE expires_at IS NOT NULL AND status IN ` + finishedStatuses,
+		// DELETE ... LIMIT is a compile-time option of SQLite; a row-value
+		// IN over the primary key works everywhere.
+		Purge: `DELETE FROM inbox WHERE (scope, operation, "key") IN (
+	SELECT scope, operation, "key" FROM inbox
+	WHERE expires_at < ? AND status IN ` + finishedStatuses + ` LIMIT ?)`,
 		Delete: `DELETE FROM inbox` + where,
 
 		CreateMigrationsTable: `CREATE TABLE IF NOT EXISTS inbox_migrations (

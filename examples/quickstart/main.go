@@ -237,7 +237,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	fmt.Fprintf(out, "published %d messages for %d events; %d handler runs failed and were rolled back\n",
-		sum.published, cfg.events, st.Failed)
+		sum.published, cfg.events, st.Retries)
 	fmt.Fprintf(out, "shipments: %d rows for %d distinct events", sum.shipments, sum.distinctShipments)
 	if sum.shipments == sum.distinctShipments {
 		fmt.Fprintln(out, " — every event shipped exactly once")

@@ -49,6 +49,8 @@ func Run(t *testing.T, h Harness) {
 	}
 	t.Run("Store", func(t *testing.T) { runStore(t, h) })
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
+	t.Run("Reserve", func(t *testing.T) { runReserve(t, h) })
+	t.Run("Purge", func(t *testing.T) { runPurge(t, h) })
 }
 
 // bundle is what one test needs: a migrated store over a fresh table, and a

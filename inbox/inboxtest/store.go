@@ -156,7 +156,7 @@ func runStore(t *testing.T, h Harness) {
 		require.Equal(t, 1, b.records(t))
 	})
 
-	t.Run("CompleteIsFencedByAttempt", func(t *testing.T) {
+	t.Run("FinishIsFencedByAttempt", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, h)
 		p := inbox.ClaimParams{Operation: "op", Key: "k", PayloadHash: hash("x"), LeaseOwner: "w1",
@@ -164,7 +164,8 @@ func runStore(t *testing.T, h Harness) {
 		_, err := b.store.Claim(b.ctx, b.db, p)
 		require.NoError(t, err)
 
-		err = b.store.Complete(b.ctx, b.db, inbox.CompleteParams{Operation: "op", Key: "k", Attempt: 2, Result: []byte("late")})
+		err = b.store.Finish(b.ctx, b.db, inbox.FinishParams{Operation: "op", Key: "k", Attempt: 2,
+			To: inbox.StatusCompleted, Result: []byte("late")})
 		require.ErrorIs(t, err, inbox.ErrLeaseLost)
 		rec, err := b.store.Get(b.ctx, b.db, "", "op", "k")
 		require.NoError(t, err)
@@ -172,8 +173,8 @@ func runStore(t *testing.T, h Harness) {
 		require.Equal(t, "w1", rec.LeaseOwner)
 		require.Nil(t, rec.Result)
 
-		err = b.store.Complete(b.ctx, b.db, inbox.CompleteParams{Operation: "op", Key: "k", Attempt: 1,
-			Result: []byte("done"), ResourceID: "order-9", ExternalRef: "ch_1"})
+		err = b.store.Finish(b.ctx, b.db, inbox.FinishParams{Operation: "op", Key: "k", Attempt: 1,
+			To: inbox.StatusCompleted, Result: []byte("done"), ResourceID: "order-9", ExternalRef: "ch_1"})
 		require.NoError(t, err)
 		rec, err = b.store.Get(b.ctx, b.db, "", "op", "k")
 		require.NoError(t, err)
@@ -184,7 +185,8 @@ func runStore(t *testing.T, h Harness) {
 		require.Empty(t, rec.LeaseOwner)
 		require.True(t, rec.LeaseUntil.IsZero())
 
-		err = b.store.Complete(b.ctx, b.db, inbox.CompleteParams{Operation: "op", Key: "missing", Attempt: 1})
+		err = b.store.Finish(b.ctx, b.db, inbox.FinishParams{Operation: "op", Key: "missing", Attempt: 1,
+			To: inbox.StatusCompleted})
 		require.ErrorIs(t, err, inbox.ErrNotFound)
 	})
 

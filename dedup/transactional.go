@@ -1,0 +1,144 @@
+package dedup
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// transactional runs one delivery in ModeTransactional, retrying the whole
+// transaction when it fails transiently before the handler ran.
+func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc, id identity) (
+	[]*message.Message, Outcome, error,
+) {
+	ctx := msg.Context()
+	for attempt := 1; ; attempt++ {
+		out, outcome, ran, err := d.once(ctx, msg, h, id)
+		if err != nil && !ran && inbox.IsRetryable(err) && attempt < d.cfg.ClaimAttempts && ctx.Err() == nil {
+			continue
+		}
+		var pe *PermanentError
+		if errors.As(err, &pe) {
+			return nil, d.recordPermanent(ctx, msg, id, pe), err
+		}
+		return out, outcome, err
+	}
+}
+
+// once makes one transactional try in a transaction of its own. ran
+// reports whether h was called.
+func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message.HandlerFunc, id identity) (
+	out []*message.Message, outcome Outcome, ran bool, err error,
+) {
+	tx, err := d.store.DB().BeginTx(ctx, d.cfg.TxOptions)
+	if err != nil {
+		return nil, OutcomeRetry, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
+	}
+	out, outcome, ran, err = d.inTx(ctx, tx, msg, h, id)
+	if err != nil || outcome != OutcomeExecuted {
+		// A duplicate only read; a failure must leave nothing behind.
+		_ = tx.Rollback()
+		return out, outcome, ran, err
+	}
+	if err := tx.Commit(); err != nil {
+		// After a lost connection the commit may have happened; the
+		// redelivery's claim finds out, so a nack is safe either way.
+		return nil, OutcomeRetry, true, fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+	}
+	return out, OutcomeExecuted, true, nil
+}
+
+// inTx claims the message in tx and, when the key is new, runs h in it and
+// stores h's output. It neither commits nor rolls back: the caller owns tx,
+// whether the middleware began it or a transport's consuming transaction
+// (with a savepoint around the attempt) is joined. On OutcomeExecuted the
+// caller commits; on anything else it rolls back.
+func (d *Deduplicator) inTx(ctx context.Context, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, id identity) (
+	out []*message.Message, outcome Outcome, ran bool, err error,
+) {
+	start := time.Now()
+	res, err := d.store.Claim(ctx, tx, inbox.ClaimParams{
+		Scope:         id.scope,
+		Operation:     id.operation,
+		Key:           id.key,
+		PayloadHash:   id.hash,
+		Status:        inbox.StatusCompleted,
+		CorrelationID: correlationID(msg),
+		ExpiresAt:     d.expiresAt(),
+	})
+	d.metrics.observeClaim(id.operation, time.Since(start))
+	switch {
+	case errors.Is(err, ErrPayloadConflict):
+		return nil, OutcomeConflict, false, err
+	case err != nil:
+		return nil, OutcomeRetry, false, err
+	case !res.Claimed:
+		out, outcome, err := d.replay(res.Record)
+		return out, outcome, false, err
+	}
+
+	claim := d.claimFor(id, res.Record.Attempt)
+	out, err = d.run(ctx, tx, msg, h, claim)
+	if err != nil {
+		return nil, OutcomeRetry, true, d.store.Classify(err)
+	}
+	if len(out) > 0 {
+		// Inserted as completed without a result (see ClaimParams.Status);
+		// only handlers that produce messages pay for this second statement.
+		enc, err := encodeMessages(out)
+		if err != nil {
+			return nil, OutcomeRetry, true, err
+		}
+		err = d.store.Finish(ctx, tx, inbox.FinishParams{
+			Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: res.Record.Attempt,
+			From: inbox.StatusCompleted, To: inbox.StatusCompleted, Result: enc,
+		})
+		if err != nil {
+			return nil, OutcomeRetry, true, fmt.Errorf("dedup: store output: %w", err)
+		}
+	}
+	return out, OutcomeExecuted, true, nil
+}
+
+// recordPermanent records a permanent failure after the handler's
+// transaction rolled back, so that later deliveries are acked without
+// running the handler. If recording fails the delivery is only retried.
+func (d *Deduplicator) recordPermanent(ctx context.Context, msg *message.Message, id identity, pe *PermanentError) Outcome {
+	_, err := d.store.Claim(context.WithoutCancel(ctx), d.store.DB(), inbox.ClaimParams{
+		Scope: id.scope, Operation: id.operation, Key: id.key, PayloadHash: id.hash,
+		Status: inbox.StatusFailed, Error: errorText(pe.Err), CorrelationID: correlationID(msg),
+		ExpiresAt: d.expiresAt(),
+	})
+	if err != nil {
+		d.cfg.Logger.Info("inboxmill: could not record a permanent failure; the message will be retried",
+			d.logFields(msg, id, OutcomeRetry, err))
+		return OutcomeRetry
+	}
+	return OutcomeFailed
+}
+
+// replay decides what a delivery of a key that is already recorded does.
+func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, error) {
+	switch rec.Status {
+	case inbox.StatusCompleted:
+		out, err := decodeMessages(rec.Result)
+		if err != nil {
+			return nil, OutcomeRetry, err
+		}
+		return out, OutcomeDuplicate, nil
+	case inbox.StatusFailed:
+		// Terminal: the intent was tried and refused for good. Running it
+		// again would not be a retry but a second intent.
+		return nil, OutcomeDuplicate, nil
+	case inbox.StatusPending:
+		return nil, OutcomePending, fmt.Errorf("%w (attempt %d)", ErrPending, rec.Attempt)
+	default:
+		return nil, OutcomeInFlight, fmt.Errorf("%w (record is %s, attempt %d)", ErrInFlight, rec.Status, rec.Attempt)
+	}
+}

@@ -1,0 +1,184 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// PurgeParams are the inputs of [Store.Purge].
+type PurgeParams struct {
+	// Before: records whose expires_at is earlier are deleted. Defaults to
+	// the store's current time.
+	Before time.Time
+	// BatchSize is how many records one statement deletes. Each batch is
+	// its own short transaction, so concurrent claims wait at most for one
+	// batch. Defaults to 1000.
+	BatchSize int
+	// MaxBatches bounds one call. Defaults to 0: until nothing is left.
+	MaxBatches int
+	// Pause is a rest between batches, so that writers queued behind a
+	// batch get the database before the next one (SQLite has no lock
+	// queue: a purge that never rests starves them). Defaults to as long as
+	// the previous batch took, which gives the purge at most half of the
+	// write time; -1 rests not at all.
+	Pause time.Duration
+}
+
+// PurgeResult reports what [Store.Purge] did.
+type PurgeResult struct {
+	Deleted int64
+	Batches int
+}
+
+// Purge deletes expired completed and failed records in batches. It never
+// deletes processing or pending records, whatever their expires_at: their
+// outcome is not settled yet. A purged key is forgotten; a later delivery
+// of it runs again, which is why retention must outlast every redelivery
+// and replay horizon.
+func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
+	if p.Before.IsZero() {
+		p.Before = s.now()
+	}
+	if p.BatchSize <= 0 {
+		p.BatchSize = 1000
+	}
+	var r PurgeResult
+	for p.MaxBatches <= 0 || r.Batches < p.MaxBatches {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		start := time.Now()
+		res, err := s.db.ExecContext(ctx, s.q.Purge, s.timeArg(p.Before), p.BatchSize)
+		if err != nil {
+			return r, fmt.Errorf("inbox: purge: %w", s.Classify(err))
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return r, fmt.Errorf("inbox: purge: rows affected: %w", s.Classify(err))
+		}
+		r.Batches++
+		r.Deleted += n
+		if n < int64(p.BatchSize) {
+			break
+		}
+		pause := p.Pause
+		if pause == 0 {
+			pause = time.Since(start)
+		}
+		if pause > 0 {
+			select {
+			case <-ctx.Done():
+				return r, ctx.Err()
+			case <-time.After(pause):
+			}
+		}
+	}
+	return r, nil
+}
+
+// PurgerConfig configures a [Purger].
+type PurgerConfig struct {
+	// Interval between purges. Defaults to 1 minute.
+	Interval time.Duration
+	// BatchSize is passed to Store.Purge. Defaults to 1000.
+	BatchSize int
+	// Logger receives one Info line per purge that deleted something, and
+	// errors. Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// OnPurge, when set, is called after every purge (for metrics).
+	OnPurge func(PurgeResult, error)
+}
+
+// Purger runs [Store.Purge] on an interval, in a goroutine of its own,
+// between [Purger.Start] and [Purger.Close].
+type Purger struct {
+	store  *Store
+	cfg    PurgerConfig
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewPurger returns a purger for store. It starts nothing.
+func NewPurger(store *Store, cfg PurgerConfig) (*Purger, error) {
+	var errs []error
+	if store == nil {
+		errs = append(errs, fmt.Errorf("%w: store is nil", ErrInvalidConfig))
+	}
+	if cfg.Interval < 0 {
+		errs = append(errs, fmt.Errorf("%w: Interval %v is negative", ErrInvalidConfig, cfg.Interval))
+	}
+	if cfg.BatchSize < 0 {
+		errs = append(errs, fmt.Errorf("%w: BatchSize %d is negative", ErrInvalidConfig, cfg.BatchSize))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	return &Purger{store: store, cfg: cfg}, nil
+}
+
+// Start purges now and then every Interval until Close. Starting twice is
+// an error.
+func (p *Purger) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil {
+		return errors.New("inbox: purger already started")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel, p.done = cancel, make(chan struct{})
+	go p.loop(ctx)
+	return nil
+}
+
+func (p *Purger) loop(ctx context.Context) {
+	defer close(p.done)
+	t := time.NewTicker(p.cfg.Interval)
+	defer t.Stop()
+	for {
+		res, err := p.store.Purge(ctx, PurgeParams{BatchSize: p.cfg.BatchSize})
+		if ctx.Err() != nil {
+			return
+		}
+		fields := watermill.LogFields{"table": p.store.Table(), "deleted": res.Deleted, "batches": res.Batches}
+		switch {
+		case err != nil:
+			p.cfg.Logger.Error("inboxmill: purge failed", err, fields)
+		case res.Deleted > 0:
+			p.cfg.Logger.Info("inboxmill: purged expired records", fields)
+		}
+		if p.cfg.OnPurge != nil {
+			p.cfg.OnPurge(res, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops the purger and waits for a purge under way to end. It is
+// safe to call more than once, and on a purger never started.
+func (p *Purger) Close() error {
+	p.mu.Lock()
+	cancel, done := p.cancel, p.done
+	p.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	<-done
+	return nil
+}
