@@ -104,7 +104,9 @@ type Config struct {
 
 	// HeartbeatInterval is how often a running reserve-mode handler's lease
 	// is extended. Defaults to Lease/3; -1 disables the heartbeat (then a
-	// handler must finish within Lease).
+	// handler must finish within Lease). The heartbeat stops when the
+	// message's context ends (the consumer is shutting down): the lease then
+	// runs out and a redelivery may take the intent over.
 	HeartbeatInterval time.Duration
 
 	// InFlightWait is how long a reserve-mode delivery that finds the intent

@@ -177,12 +177,16 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 
 // heartbeat extends the lease every HeartbeatInterval until the returned
 // stop function is called; stop waits for the goroutine to end. It gives up
-// when the lease is lost: the final Finish will report it.
+// when the lease is lost (the final Finish will report it), and when the
+// message's context ends: the consumer is going away, and the intent is
+// left to expire and be taken over rather than held by a worker that may
+// never report.
 func (d *Deduplicator) heartbeat(msg *message.Message, id identity, attempt int64) (stop func()) {
 	if d.cfg.HeartbeatInterval <= 0 {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	msgDone := msg.Context().Done()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -191,6 +195,8 @@ func (d *Deduplicator) heartbeat(msg *message.Message, id identity, attempt int6
 		for {
 			select {
 			case <-ctx.Done():
+				return
+			case <-msgDone:
 				return
 			case <-t.C:
 			}

@@ -1,0 +1,235 @@
+// Command external-effect charges cards through a payment provider that
+// does not deduplicate, with everything at-least-once delivery and real
+// networks throw at it — and charges every intent exactly once.
+//
+// The consumer uses inboxmill's reserve/complete mode: a short statement
+// reserves the intent under a lease, the provider is called with no
+// transaction open and with an idempotency key that is the same for every
+// attempt, and a second short statement records the outcome only if the
+// lease is still the worker's. Along the way:
+//
+//   - producers publish some intents twice;
+//   - the provider is sometimes unavailable (nothing charged: retried), and
+//     sometimes charges but answers after the client gave up (uncertain:
+//     the intent goes pending and the reconciler asks the provider);
+//   - workers crash right after charging; the queue redelivers, another
+//     worker takes the expired lease over and, since an earlier attempt may
+//     have charged, asks the provider before charging; when the crashed
+//     worker comes back to life its late result is refused (fencing).
+//
+// Everything runs in-process on 127.0.0.1 with a SQLite inbox: no servers.
+//
+//	go run ./examples/external-effect
+//	go run ./examples/external-effect -intents 200 -workers 8 -seed 7
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	_ "modernc.org/sqlite"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.intents, "intents", 40, "number of payment intents")
+	flag.IntVar(&cfg.workers, "workers", 4, "consumer workers")
+	flag.Int64Var(&cfg.seed, "seed", 1, "seed for the provider's failures and the workers' crashes")
+	flag.StringVar(&cfg.dbPath, "db", "", "SQLite file for the inbox (default: a new temporary file)")
+	flag.BoolVar(&cfg.verbose, "v", false, "log every delivery")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "external-effect:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	intents, workers int
+	seed             int64
+	dbPath           string
+	verbose          bool
+}
+
+type summary struct {
+	intents, charges, pendingResolved, doubleCharges int
+	declined, crashes, fenced, takeovers             int
+}
+
+// Timings, scaled down so a run takes seconds: the client waits 100 ms for
+// the provider, whose slow answers take 300 ms; a lease lasts 400 ms and the
+// queue redelivers an unacked message after 600 ms.
+const (
+	clientTimeout = 100 * time.Millisecond
+	slowAnswer    = 300 * time.Millisecond
+	lease         = 400 * time.Millisecond
+	visibility    = 600 * time.Millisecond
+)
+
+func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
+	var sum summary
+	if cfg.intents < 1 || cfg.workers < 1 {
+		return sum, errors.New("-intents and -workers must be positive")
+	}
+	psp, err := startProvider(cfg.seed, slowAnswer)
+	if err != nil {
+		return sum, err
+	}
+	defer psp.close()
+	api := &client{base: psp.addr, http: &http.Client{Timeout: clientTimeout}}
+
+	dbPath := cfg.dbPath
+	if dbPath == "" {
+		dir, err := os.MkdirTemp("", "inboxmill-external-effect")
+		if err != nil {
+			return sum, err
+		}
+		defer os.RemoveAll(dir)
+		dbPath = filepath.Join(dir, "inbox.db")
+	}
+	db, err := sql.Open("sqlite", inbox.SQLiteDSN(dbPath))
+	if err != nil {
+		return sum, err
+	}
+	defer db.Close()
+	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Table: "payment_inbox"})
+	if err != nil {
+		return sum, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return sum, err
+	}
+
+	logger := watermill.LoggerAdapter(watermill.NopLogger{})
+	if cfg.verbose {
+		logger = watermill.NewStdLogger(true, false)
+	}
+	d, err := dedup.New(store, dedup.Config{
+		Mode:              dedup.ModeReserve,
+		Key:               dedup.KeyFromMetadata("intent_id"),
+		Operation:         "charge_card",
+		Lease:             lease,
+		HeartbeatInterval: lease / 4,
+		InFlightWait:      300 * time.Millisecond,
+		InFlightPoll:      20 * time.Millisecond,
+		Logger:            logger,
+	})
+	if err != nil {
+		return sum, err
+	}
+
+	// The reconciler asks the provider what became of pending intents, by
+	// the idempotency key the handler sent.
+	var pendingResolved atomic.Int64
+	rec, err := handlers.NewReconciler(store, handlers.ReconcilerConfig{
+		Interval:   100 * time.Millisecond,
+		StaleAfter: 5 * time.Second,
+		Logger:     logger,
+		Resolve: func(ctx context.Context, r *inbox.Record) (handlers.Resolution, error) {
+			found, err := api.find(ctx, dedup.IdempotencyKeyOf(r))
+			switch {
+			case err != nil:
+				return handlers.Resolution{}, err
+			case len(found) > 0:
+				if r.Status == inbox.StatusPending {
+					pendingResolved.Add(1)
+				}
+				return handlers.Resolution{Verdict: handlers.Succeeded, ExternalRef: found[0].ID}, nil
+			default:
+				return handlers.Resolution{Verdict: handlers.NotHappened}, nil
+			}
+		},
+	})
+	if err != nil {
+		return sum, err
+	}
+	if err := rec.Start(); err != nil {
+		return sum, err
+	}
+	defer rec.Close()
+
+	q := newQueue(visibility)
+	for i := 1; i <= cfg.intents; i++ {
+		q.publish(intentMessage(i))
+		if i%7 == 0 { // a producer retry
+			q.publish(intentMessage(i))
+		}
+	}
+
+	workCtx, stopWork := context.WithCancel(ctx)
+	c := &consumers{q: q, api: api, d: d, seed: cfg.seed, root: workCtx, zombies: make(chan struct{})}
+	for range cfg.workers {
+		c.spawn()
+	}
+	for !q.idle() {
+		select {
+		case <-ctx.Done():
+			stopWork()
+			return sum, fmt.Errorf("waiting for the queue to drain: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	stopWork()
+	// The crashed workers come back to life and try to record what they did.
+	close(c.zombies)
+	c.wg.Wait()
+
+	sum.intents = cfg.intents
+	sum.charges, sum.doubleCharges = psp.totals()
+	sum.pendingResolved = int(pendingResolved.Load())
+	sum.crashes, sum.fenced = int(c.crashes.Load()), int(c.fenced.Load())
+	sum.takeovers = int(d.Stats().Takeovers)
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM payment_inbox WHERE status = 'failed'`).Scan(&sum.declined); err != nil {
+		return sum, err
+	}
+	var unfinished int
+	if err := db.QueryRowContext(ctx,
+		`SELECT COUNT(*) FROM payment_inbox WHERE status NOT IN ('completed', 'failed')`).Scan(&unfinished); err != nil {
+		return sum, err
+	}
+	st := d.Stats()
+	fmt.Fprintf(out, "deliveries: executed=%d duplicates=%d retries=%d pending=%d in_flight=%d failed=%d takeovers=%d\n",
+		st.Executed, st.Duplicates, st.Retries, st.Pending, st.InFlight, st.Failed, st.Takeovers)
+	fmt.Fprintf(out, "workers crashed after charging: %d; late results refused by fencing: %d\n", sum.crashes, sum.fenced)
+	fmt.Fprintf(out, "declined (failed for good): %d; unfinished records: %d\n", sum.declined, unfinished)
+	fmt.Fprintf(out, "intents=%d charges=%d pending_resolved=%d double_charges=%d\n",
+		sum.intents, sum.charges, sum.pendingResolved, sum.doubleCharges)
+	switch {
+	case sum.doubleCharges != 0:
+		return sum, fmt.Errorf("%d intents were charged twice", sum.doubleCharges)
+	case sum.charges != sum.intents-sum.declined:
+		return sum, fmt.Errorf("%d charges for %d chargeable intents", sum.charges, sum.intents-sum.declined)
+	case unfinished != 0:
+		return sum, fmt.Errorf("%d records unfinished", unfinished)
+	}
+	return sum, nil
+}
+
+// intentMessage is "charge this card for intent i". Every 11th amount is
+// over the card's limit and is declined.
+func intentMessage(i int) *message.Message {
+	amount := 100 + i
+	if i%11 == 0 {
+		amount = 9000
+	}
+	msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"intent":"pi_%04d","amount":%d}`, i, amount))
+	msg.Metadata.Set("intent_id", fmt.Sprintf("pi_%04d", i))
+	return msg
+}
