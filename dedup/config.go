@@ -94,6 +94,15 @@ type Config struct {
 	// Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
+	// JoinTx, when set, finds the transaction the message was consumed in
+	// (WatermillSQLTx for watermill-sql's subscriber). The middleware then
+	// runs in it instead of beginning its own, each attempt under a
+	// savepoint, so the ack, the inbox record and the handler's writes
+	// commit together. The inbox must live in the same database. When it
+	// finds none, the middleware begins its own transaction. Transactional
+	// mode only. Defaults to nil.
+	JoinTx TxJoiner
+
 	// Mode is ModeTransactional (default) or ModeReserve.
 	Mode Mode
 
@@ -197,6 +206,9 @@ func (c Config) validate() error {
 	}
 	if c.Mode != ModeTransactional && c.Mode != ModeReserve {
 		errs = append(errs, fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(c.Mode)))
+	}
+	if c.Mode == ModeReserve && c.JoinTx != nil {
+		errs = append(errs, fmt.Errorf("%w: JoinTx is for ModeTransactional; reserve mode holds no transaction across the handler", ErrInvalidConfig))
 	}
 	if c.Lease < 0 {
 		errs = append(errs, fmt.Errorf("%w: Lease %v is negative", ErrInvalidConfig, c.Lease))

@@ -26,6 +26,7 @@ type Deduplicator struct {
 	fp      FingerprintFunc
 	metrics *metrics
 	stats   counters
+	txs     txRegistry
 }
 
 // New returns a Deduplicator over store. It validates cfg (reporting every

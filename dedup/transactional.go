@@ -18,6 +18,11 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 	[]*message.Message, Outcome, error,
 ) {
 	ctx := msg.Context()
+	if d.cfg.JoinTx != nil {
+		if tx, ok := d.cfg.JoinTx(ctx); ok {
+			return d.joined(ctx, tx, msg, h, id)
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		out, outcome, ran, err := d.once(ctx, msg, h, id)
 		if err != nil && !ran && inbox.IsRetryable(err) && attempt < d.cfg.ClaimAttempts && ctx.Err() == nil {
@@ -110,11 +115,7 @@ func (d *Deduplicator) inTx(ctx context.Context, tx *sql.Tx, msg *message.Messag
 // transaction rolled back, so that later deliveries are acked without
 // running the handler. If recording fails the delivery is only retried.
 func (d *Deduplicator) recordPermanent(ctx context.Context, msg *message.Message, id identity, pe *PermanentError) Outcome {
-	_, err := d.store.Claim(context.WithoutCancel(ctx), d.store.DB(), inbox.ClaimParams{
-		Scope: id.scope, Operation: id.operation, Key: id.key, PayloadHash: id.hash,
-		Status: inbox.StatusFailed, Error: errorText(pe.Err), CorrelationID: correlationID(msg),
-		ExpiresAt: d.expiresAt(),
-	})
+	_, err := d.store.Claim(context.WithoutCancel(ctx), d.store.DB(), permanentClaim(msg, id, pe, d.expiresAt()))
 	if err != nil {
 		d.cfg.Logger.Info("inboxmill: could not record a permanent failure; the message will be retried",
 			d.logFields(msg, id, OutcomeRetry, err))
@@ -140,5 +141,13 @@ func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, e
 		return nil, OutcomePending, fmt.Errorf("%w (attempt %d)", ErrPending, rec.Attempt)
 	default:
 		return nil, OutcomeInFlight, fmt.Errorf("%w (record is %s, attempt %d)", ErrInFlight, rec.Status, rec.Attempt)
+	}
+}
+
+func permanentClaim(msg *message.Message, id identity, pe *PermanentError, expires time.Time) inbox.ClaimParams {
+	return inbox.ClaimParams{
+		Scope: id.scope, Operation: id.operation, Key: id.key, PayloadHash: id.hash,
+		Status: inbox.StatusFailed, Error: errorText(pe.Err), CorrelationID: correlationID(msg),
+		ExpiresAt: expires,
 	}
 }

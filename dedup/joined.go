@@ -1,0 +1,153 @@
+package dedup
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"weak"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// TxJoiner finds the transaction a message was consumed in, for
+// Config.JoinTx.
+type TxJoiner func(ctx context.Context) (*sql.Tx, bool)
+
+// WatermillSQLTx joins the consuming transaction of watermill-sql's
+// subscriber (github.com/ThreeDotsLabs/watermill-sql/v4), so that the ack,
+// the inbox record and the handler's writes commit together. The subscriber
+// must be built on database/sql (sql.BeginnerFromStdSQL), with the inbox in
+// the same database, and its schema adapter must fetch one message per
+// transaction (SubscribeBatchSize: 1): the adapter acks the whole fetched
+// batch, so with more a failed message would be acked along with the rest.
+// The middleware refuses a second message in one transaction with
+// ErrBatchedConsumingTx.
+func WatermillSQLTx(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := wsql.TxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	switch t := tx.(type) {
+	case *wsql.StdSQLTx:
+		return t.Tx, t.Tx != nil
+	case wsql.StdSQLTx:
+		return t.Tx, t.Tx != nil
+	}
+	return nil, false
+}
+
+var (
+	// ErrBatchedConsumingTx: two different messages arrived in one joined
+	// consuming transaction; the subscriber fetches batches, and acking one
+	// message would ack them all. Set SubscribeBatchSize: 1.
+	ErrBatchedConsumingTx = errors.New("dedup: several messages share one consuming transaction (set the schema adapter's SubscribeBatchSize to 1)")
+
+	// ErrConsumingTxAborted: an earlier attempt failed in a way that ended
+	// the joined consuming transaction (MySQL rolls the whole transaction
+	// back on a deadlock); nothing more is written through it. The
+	// subscriber must roll it back and fetch the message again.
+	ErrConsumingTxAborted = errors.New("dedup: the consuming transaction was aborted by an earlier attempt")
+)
+
+const savepoint = "inboxmill_attempt"
+
+// joined runs one delivery inside the consuming transaction tx, each
+// attempt under a savepoint: watermill-sql does not roll the transaction
+// back on a nack but resends the message in it, so a failed attempt's
+// writes (and its inbox record) must be undone by rolling back to the
+// savepoint, or they would commit with the next attempt's ack.
+func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, id identity) (
+	[]*message.Message, Outcome, error,
+) {
+	if err := d.txs.claim(tx, msg.UUID); err != nil {
+		return nil, OutcomeRetry, err
+	}
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepoint); err != nil {
+		return nil, OutcomeRetry, fmt.Errorf("dedup: savepoint: %w", d.store.Classify(err))
+	}
+	out, outcome, _, err := d.inTx(ctx, tx, msg, h, id)
+	if err == nil && outcome == OutcomeExecuted {
+		if _, rerr := tx.ExecContext(ctx, "RELEASE SAVEPOINT "+savepoint); rerr != nil {
+			d.txs.abort(tx)
+			return nil, OutcomeRetry, fmt.Errorf("dedup: release savepoint: %w", d.store.Classify(rerr))
+		}
+		return out, outcome, nil
+	}
+	// A duplicate wrote nothing; a failure must leave nothing behind. A
+	// context already cancelled still needs the rollback to run.
+	rctx := context.WithoutCancel(ctx)
+	if _, rerr := tx.ExecContext(rctx, "ROLLBACK TO SAVEPOINT "+savepoint); rerr != nil {
+		// The savepoint is gone: the database ended the transaction (a
+		// MySQL deadlock rolls it back whole). Writing on would autocommit.
+		d.txs.abort(tx)
+		return nil, OutcomeRetry, errors.Join(err, fmt.Errorf("%w: %w", ErrConsumingTxAborted, rerr))
+	}
+	if _, rerr := tx.ExecContext(rctx, "RELEASE SAVEPOINT "+savepoint); rerr != nil {
+		d.txs.abort(tx)
+		return nil, OutcomeRetry, errors.Join(err, fmt.Errorf("%w: %w", ErrConsumingTxAborted, rerr))
+	}
+	var pe *PermanentError
+	if errors.As(err, &pe) {
+		// Recorded in the consuming transaction, so it commits with the
+		// ack that the poison queue's handling causes.
+		_, cerr := d.store.Claim(ctx, tx, permanentClaim(msg, id, pe, d.expiresAt()))
+		if cerr == nil {
+			outcome = OutcomeFailed
+		}
+	}
+	return out, outcome, err
+}
+
+// txRegistry remembers, per joined consuming transaction, which message it
+// carries and whether it was aborted. Keys are weak: an entry goes away
+// when its transaction is garbage.
+type txRegistry struct {
+	m sync.Map // weak.Pointer[sql.Tx] -> *txState
+}
+
+type txState struct {
+	mu      sync.Mutex
+	uuid    string
+	aborted bool
+}
+
+func (r *txRegistry) state(tx *sql.Tx) *txState {
+	key := weak.Make(tx)
+	if v, ok := r.m.Load(key); ok {
+		return v.(*txState)
+	}
+	v, loaded := r.m.LoadOrStore(key, &txState{})
+	if !loaded {
+		runtime.AddCleanup(tx, func(k weak.Pointer[sql.Tx]) { r.m.Delete(k) }, key)
+	}
+	return v.(*txState)
+}
+
+// claim records that tx carries the message uuid; a redelivery of the same
+// message (a nack resends it in the same transaction) is fine, another
+// message is not.
+func (r *txRegistry) claim(tx *sql.Tx, uuid string) error {
+	st := r.state(tx)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch {
+	case st.aborted:
+		return ErrConsumingTxAborted
+	case st.uuid == "":
+		st.uuid = uuid
+	case st.uuid != uuid:
+		return ErrBatchedConsumingTx
+	}
+	return nil
+}
+
+func (r *txRegistry) abort(tx *sql.Tx) {
+	st := r.state(tx)
+	st.mu.Lock()
+	st.aborted = true
+	st.mu.Unlock()
+}
