@@ -26,6 +26,12 @@ const (
 
 var errCorrupt = errors.New("dedup: stored result is corrupt")
 
+// EncodeOutput encodes messages the way the middleware stores a handler's
+// output, for code that completes a record outside the middleware (a
+// reconciler's Resolution.Result): duplicates then hand these messages to
+// the router. A nil message is an error.
+func EncodeOutput(msgs []*message.Message) ([]byte, error) { return encodeMessages(msgs) }
+
 // encodeMessages stores what the handler produced so that a duplicate can
 // hand the very same messages (UUID, metadata, payload) back to the router.
 func encodeMessages(msgs []*message.Message) ([]byte, error) {

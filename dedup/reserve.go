@@ -126,9 +126,14 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 	[]*message.Message, Outcome, error,
 ) {
 	ctx := msg.Context()
-	stop := d.heartbeat(msg, id, attempt)
-	out, herr := d.run(ctx, nil, msg, h, d.claimFor(id, attempt))
+	// The handler's context ends when the heartbeat finds the lease lost:
+	// another worker owns the intent, and this one should stop its call.
+	hctx, lost := context.WithCancelCause(ctx)
+	stop := d.heartbeat(msg, id, attempt, lost)
+	out, herr := d.run(hctx, nil, msg, h, d.claimFor(id, attempt))
 	stop()
+	lost(nil)
+	msg.SetContext(ctx)
 
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
@@ -149,14 +154,14 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 				d.logFields(msg, id, OutcomeExecuted, err))
 			out = nil
 		}
-		fin.To, fin.Result, outcome = inbox.StatusCompleted, enc, OutcomeExecuted
+		fin.To, fin.Result, fin.ExpiresAt, outcome = inbox.StatusCompleted, enc, d.expiresAt(), OutcomeExecuted
 	case errors.As(herr, &ue):
 		fin.To, fin.ExternalRef, fin.Error, outcome = inbox.StatusPending, ue.ExternalRef, errorText(ue.Err), OutcomePending
 		if !d.cfg.AckPending {
 			ret = fmt.Errorf("%w: %w", ErrPending, herr)
 		}
 	case errors.As(herr, &pe):
-		fin.To, fin.Error, outcome, ret = inbox.StatusFailed, errorText(pe.Err), OutcomeFailed, herr
+		fin.To, fin.Error, fin.ExpiresAt, outcome, ret = inbox.StatusFailed, errorText(pe.Err), d.expiresAt(), OutcomeFailed, herr
 	default:
 		// Transient: release the reservation so the redelivery takes it
 		// over at once instead of waiting out the lease.
@@ -177,11 +182,12 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 
 // heartbeat extends the lease every HeartbeatInterval until the returned
 // stop function is called; stop waits for the goroutine to end. It gives up
-// when the lease is lost (the final Finish will report it), and when the
+// when the lease is lost (cancelling the handler's context with lost; the
+// final Finish reports it), and when the
 // message's context ends: the consumer is going away, and the intent is
 // left to expire and be taken over rather than held by a worker that may
 // never report.
-func (d *Deduplicator) heartbeat(msg *message.Message, id identity, attempt int64) (stop func()) {
+func (d *Deduplicator) heartbeat(msg *message.Message, id identity, attempt int64, lost context.CancelCauseFunc) (stop func()) {
 	if d.cfg.HeartbeatInterval <= 0 {
 		return func() {}
 	}
@@ -207,6 +213,7 @@ func (d *Deduplicator) heartbeat(msg *message.Message, id identity, attempt int6
 			case errors.Is(err, inbox.ErrLeaseLost), errors.Is(err, inbox.ErrNotFound):
 				d.cfg.Logger.Info("inboxmill: lease lost while the handler runs; another worker took over",
 					d.logFields(msg, id, OutcomeRetry, err))
+				lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
 				return
 			default:
 				d.cfg.Logger.Info("inboxmill: heartbeat failed; will try again", d.logFields(msg, id, OutcomeRetry, err))

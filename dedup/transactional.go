@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/inbox"
@@ -91,7 +92,7 @@ func (d *Deduplicator) inTx(ctx context.Context, tx *sql.Tx, msg *message.Messag
 	claim := d.claimFor(id, res.Record.Attempt)
 	out, err = d.run(ctx, tx, msg, h, claim)
 	if err != nil {
-		return nil, OutcomeRetry, true, d.store.Classify(err)
+		return nil, OutcomeRetry, true, d.store.Dialect().Classify(err) // the handler's error: driver codes only
 	}
 	if len(out) > 0 {
 		// Inserted as completed without a result (see ClaimParams.Status);
@@ -130,7 +131,13 @@ func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, e
 	case inbox.StatusCompleted:
 		out, err := decodeMessages(rec.Result)
 		if err != nil {
-			return nil, OutcomeRetry, err
+			// The intent is done; a result this middleware cannot read (set
+			// by hand or by a reconciler that did not use EncodeOutput) must
+			// not turn every redelivery into a failure. Ack, replay nothing.
+			d.cfg.Logger.Info("inboxmill: stored result is not replayable output; acking the duplicate without it",
+				watermill.LogFields{"operation": rec.Operation, "scope": rec.Scope,
+					"key_digest": inbox.KeyDigest(rec.Scope, rec.Operation, rec.Key), "error": err.Error()})
+			return nil, OutcomeDuplicate, nil
 		}
 		return out, OutcomeDuplicate, nil
 	case inbox.StatusFailed:

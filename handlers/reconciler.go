@@ -55,7 +55,10 @@ func (v Verdict) String() string {
 // Resolution is a ResolveFunc's answer.
 type Resolution struct {
 	Verdict Verdict
-	// Result is stored with a Succeeded record (what duplicates replay).
+	// Result is stored with a Succeeded record. For records of the dedup
+	// middleware it is the output duplicates hand to the router: build it
+	// with dedup.EncodeOutput; anything else is not replayed (duplicates
+	// are acked without output). Nil for none.
 	Result []byte
 	// ResourceID and ExternalRef are stored when not empty.
 	ResourceID  string
@@ -177,6 +180,7 @@ type Reconciler struct {
 	tries map[recordID]int
 
 	runMu  sync.Mutex // one pass at a time
+	lifeMu sync.Mutex // guards cancel and done
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -288,6 +292,16 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileReport, error) {
 	return rep, errors.Join(errs...)
 }
 
+// renewedExpiry keeps a finished record for its full retention from now:
+// an intent pending longer than its retention must not be purged (and run
+// again by a redelivery) the moment it is resolved.
+func (r *Reconciler) renewedExpiry(rec *inbox.Record) time.Time {
+	if rec.ExpiresAt.IsZero() {
+		return time.Time{}
+	}
+	return r.store.Now().Add(rec.ExpiresAt.Sub(rec.CreatedAt))
+}
+
 // resolve asks about one record and records the verdict.
 func (r *Reconciler) resolve(ctx context.Context, rec *inbox.Record) (Verdict, error) {
 	res, err := r.cfg.Resolve(ctx, rec)
@@ -300,18 +314,23 @@ func (r *Reconciler) resolve(ctx context.Context, rec *inbox.Record) (Verdict, e
 		Error: res.Error}
 	switch res.Verdict {
 	case Succeeded:
-		fin.To = inbox.StatusCompleted
+		fin.To, fin.ExpiresAt = inbox.StatusCompleted, r.renewedExpiry(rec)
 	case Failed:
-		fin.To = inbox.StatusFailed
+		fin.To, fin.ExpiresAt = inbox.StatusFailed, r.renewedExpiry(rec)
 	case NotHappened:
 		fin.To = inbox.StatusProcessing // released: the next delivery takes it over
 	case Unresolved:
-		if rec.Status != inbox.StatusProcessing {
-			return Unresolved, nil
+		fin.To = inbox.StatusPending
+		if rec.Status == inbox.StatusPending {
+			// Touch it (same values, new updated_at) so that the next pass
+			// pages past it to newer pending records instead of asking about
+			// the same BatchSize ones forever.
+			fin.Result, fin.ResourceID, fin.Error = rec.Result, rec.ResourceID, rec.Error
+		} else {
+			// A stale record taken over with no answer yet: its effect is
+			// uncertain, which is what pending means.
+			fin.Error = "abandoned by its worker; outcome unknown"
 		}
-		// A stale record taken over with no answer yet: its effect is
-		// uncertain, which is what pending means.
-		fin.To, fin.Error = inbox.StatusPending, "abandoned by its worker; outcome unknown"
 	default:
 		return Unresolved, fmt.Errorf("handlers: Resolve returned unknown verdict %d", int(res.Verdict))
 	}
@@ -392,8 +411,8 @@ func (r *Reconciler) fieldsErr(rec *inbox.Record, err error) watermill.LogFields
 // Start runs a pass now and then every Interval, in a goroutine of its own,
 // until Close. Starting twice is an error.
 func (r *Reconciler) Start() error {
-	r.runMu.Lock()
-	defer r.runMu.Unlock()
+	r.lifeMu.Lock()
+	defer r.lifeMu.Unlock()
 	if r.done != nil {
 		return errors.New("handlers: reconciler already started")
 	}
@@ -420,9 +439,9 @@ func (r *Reconciler) Start() error {
 // Close stops a started reconciler and waits for a pass under way to end.
 // It is safe to call more than once, and on a reconciler never started.
 func (r *Reconciler) Close() error {
-	r.runMu.Lock()
+	r.lifeMu.Lock()
 	cancel, done := r.cancel, r.done
-	r.runMu.Unlock()
+	r.lifeMu.Unlock()
 	if cancel == nil {
 		return nil
 	}

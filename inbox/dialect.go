@@ -26,9 +26,13 @@ type Dialect interface {
 	// TimeArg converts t into the value bound for a time column. Times are
 	// scanned back from time.Time, text or integer microseconds.
 	TimeArg(t time.Time) any
-	// Classify wraps err with [ErrTransient] when retrying the transaction
-	// may succeed, and returns it unchanged otherwise. It is also useful for
-	// errors of the caller's own statements in the same transaction.
+	// Classify wraps err with [ErrTransient] when it is this database's
+	// error (its driver's error type and code) for something a retry of the
+	// transaction may get past — serialization failure, deadlock, lock
+	// timeout, busy database, server shutdown — and returns it unchanged
+	// otherwise. It looks only at driver errors, so it is safe on errors of
+	// the caller's own statements in the same transaction: an error of the
+	// caller's own making is never mistaken for a transient one.
 	Classify(err error) error
 }
 
@@ -55,8 +59,8 @@ type Queries struct {
 	// Finish moves a record from one status to another, storing the outcome
 	// and dropping the lease, only while the attempt matches (fencing).
 	// Args: to_status, result, resource_id, external_ref (empty keeps the
-	// stored one), error, updated_at, scope, operation, key, attempt,
-	// from_status.
+	// stored one), error, updated_at, expires_at (NULL keeps the stored
+	// one), scope, operation, key, attempt, from_status.
 	Finish string
 	// TakeOver gives a processing record whose lease expired (or was
 	// released) to a new owner as attempt+1, compare-and-set on the attempt.
@@ -75,17 +79,23 @@ type Queries struct {
 	// Args: now, updated_before, limit. Columns: as Select.
 	SelectStale string
 	// UnfinishedStats counts processing and pending records. Columns:
-	// status, count, oldest updated_at. Args: none.
+	// status, count, oldest created_at. Args: none.
 	UnfinishedStats string
 	// OldestExpired returns the smallest expires_at of a finished record.
 	// Columns: expires_at (NULL when none). Args: none.
 	OldestExpired string
 	// Purge deletes up to limit completed or failed records whose
-	// expires_at is before a time, in one short statement, never waiting on
-	// rows other transactions hold. Args: before, limit.
+	// expires_at is before a time, in one short statement. Args: before,
+	// limit.
 	Purge string
 	// Delete removes one record. Args: scope, operation, key.
 	Delete string
+
+	// ZeroRowsAmbiguous is set where an UPDATE that matched a row but
+	// changed no value reports zero rows affected (MySQL without
+	// CLIENT_FOUND_ROWS); the store then reads the row back to tell a no-op
+	// from a fenced-off write.
+	ZeroRowsAmbiguous bool
 
 	// CreateMigrationsTable creates the table that records applied schema
 	// versions, if it does not exist.

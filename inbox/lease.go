@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -25,6 +26,12 @@ type FinishParams struct {
 	ExternalRef string
 	// Error describes a failure or an uncertainty. Optional.
 	Error string
+	// ExpiresAt, when not zero, replaces the record's expiry. Callers moving
+	// a record to completed or failed set it to now plus the retention, so
+	// that an intent that stayed pending or processing longer than its
+	// retention is not purged the moment it finishes (and then run again by
+	// the next redelivery).
+	ExpiresAt time.Time
 }
 
 // Finish moves the record from p.From to p.To with p's outcome and drops its
@@ -39,12 +46,12 @@ func (s *Store) Finish(ctx context.Context, q DBTX, p FinishParams) error {
 	if !p.From.Valid() || !p.To.Valid() {
 		return fmt.Errorf("inbox: finish: unknown status %q or %q", p.From, p.To)
 	}
-	err := s.exec1(ctx, q, "finish", s.q.Finish, func(rec *Record) bool {
-		return rec.Attempt == p.Attempt && rec.Status == p.To
+	return s.exec1(ctx, q, "finish", s.q.Finish, func(rec *Record) bool {
+		return rec.Attempt == p.Attempt && rec.Status == p.To && bytes.Equal(rec.Result, p.Result) &&
+			rec.ResourceID == p.ResourceID && rec.Error == p.Error
 	}, p.Scope, p.Operation, p.Key,
-		string(p.To), p.Result, p.ResourceID, p.ExternalRef, p.Error, s.timeArg(s.now()),
+		string(p.To), p.Result, p.ResourceID, p.ExternalRef, p.Error, s.timeArg(s.now()), s.timeArg(p.ExpiresAt),
 		p.Scope, p.Operation, p.Key, p.Attempt, string(p.From))
-	return err
 }
 
 // TakeOverParams are the inputs of [Store.TakeOver].
@@ -89,8 +96,9 @@ func (s *Store) ExtendLease(ctx context.Context, q DBTX, scope, operation, key s
 }
 
 // exec1 runs an UPDATE that must change exactly one record. Zero rows means
-// fenced off or missing — or, on MySQL without CLIENT_FOUND_ROWS, matched
-// with every value already in place; the record is read to tell which.
+// fenced off or missing — or, where the dialect counts only changed rows
+// (MySQL without CLIENT_FOUND_ROWS), possibly matched with every value
+// already in place: there the record is read to tell which.
 func (s *Store) exec1(ctx context.Context, q DBTX, what, query string, applied func(*Record) bool,
 	scope, operation, key string, args ...any) error {
 	res, err := q.ExecContext(ctx, query, args...)
@@ -108,7 +116,7 @@ func (s *Store) exec1(ctx context.Context, q DBTX, what, query string, applied f
 	if err != nil {
 		return fmt.Errorf("inbox: %s: %w", what, err)
 	}
-	if applied(rec) {
+	if s.q.ZeroRowsAmbiguous && applied(rec) {
 		return nil
 	}
 	return fmt.Errorf("inbox: %s: record is %s at attempt %d: %w", what, rec.Status, rec.Attempt, ErrLeaseLost)
@@ -151,8 +159,8 @@ func (s *Store) list(ctx context.Context, q DBTX, what, query string, args ...an
 type Stats struct {
 	Processing int64
 	Pending    int64
-	// OldestPending is when the least recently updated pending record was
-	// last updated; zero when none is pending.
+	// OldestPending is when the oldest pending record was first claimed;
+	// zero when none is pending.
 	OldestPending time.Time
 	// OldestExpired is the earliest expires_at of a finished record not yet
 	// purged; zero when none. now minus it is the purge lag.

@@ -39,7 +39,7 @@ func (mysqlDialect) Queries(table string) Queries {
 		Select:         "SELECT " + cols + " FROM inbox" + where,
 		Finish: "UPDATE inbox SET status = ?, result = ?, resource_id = NULLIF(?, ''),\n" +
 			"\texternal_ref = COALESCE(NULLIF(?, ''), external_ref), error = NULLIF(?, ''),\n" +
-			"\tlease_owner = NULL, lease_until = NULL, updated_at = ?" +
+			"\tlease_owner = NULL, lease_until = NULL, updated_at = ?, expires_at = COALESCE(?, expires_at)" +
 			where + " AND attempt = ? AND status = ?",
 		TakeOver: "UPDATE inbox SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?" +
 			where + " AND attempt = ? AND status = 'processing' AND (lease_until IS NULL OR lease_until < ?)",
@@ -48,12 +48,14 @@ func (mysqlDialect) Queries(table string) Queries {
 		SelectStale: "SELECT " + cols + " FROM inbox\n" +
 			"WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?\n" +
 			"ORDER BY updated_at LIMIT ?",
-		UnfinishedStats: "SELECT status, COUNT(*), MIN(updated_at) FROM inbox WHERE status IN " + unfinishedStatuses + " GROUP BY status",
+		UnfinishedStats: "SELECT status, COUNT(*), MIN(created_at) FROM inbox WHERE status IN " + unfinishedStatuses + " GROUP BY status",
 		OldestExpired:   "SELECT MIN(expires_at) FROM inbox WHERE expires_at IS NOT NULL AND status IN " + finishedStatuses,
 		// One short autocommit statement per batch; the expires_at index
-		// keeps it to the rows it deletes.
-		Purge:  "DELETE FROM inbox WHERE expires_at < ? AND status IN " + finishedStatuses + " ORDER BY expires_at LIMIT ?",
-		Delete: "DELETE FROM inbox" + where,
+		// keeps it to the rows it deletes. Unlike PostgreSQL's SKIP LOCKED
+		// it waits on rows a claim holds, for at most the claim's duration.
+		Purge:             "DELETE FROM inbox WHERE expires_at < ? AND status IN " + finishedStatuses + " ORDER BY expires_at LIMIT ?",
+		Delete:            "DELETE FROM inbox" + where,
+		ZeroRowsAmbiguous: true,
 
 		CreateMigrationsTable: "CREATE TABLE IF NOT EXISTS inbox_migrations (\n" +
 			"\tversion    INT          NOT NULL PRIMARY KEY,\n" +
@@ -94,5 +96,5 @@ func (mysqlDialect) Classify(err error) error {
 	if errors.Is(err, mysql.ErrInvalidConn) {
 		return transient(err)
 	}
-	return classifyConnErr(err)
+	return err
 }

@@ -36,8 +36,8 @@ ON CONFLICT (scope, operation, key) DO NOTHING`,
 		Select:         `SELECT ` + cols + ` FROM inbox WHERE scope = $1 AND operation = $2 AND key = $3`,
 		Finish: `UPDATE inbox SET status = $1, result = $2, resource_id = NULLIF($3, ''),
 	external_ref = COALESCE(NULLIF($4, ''), external_ref), error = NULLIF($5, ''),
-	lease_owner = NULL, lease_until = NULL, updated_at = $6
-WHERE scope = $7 AND operation = $8 AND key = $9 AND attempt = $10 AND status = $11`,
+	lease_owner = NULL, lease_until = NULL, updated_at = $6, expires_at = COALESCE($7, expires_at)
+WHERE scope = $8 AND operation = $9 AND key = $10 AND attempt = $11 AND status = $12`,
 		TakeOver: `UPDATE inbox SET attempt = attempt + 1, lease_owner = $1, lease_until = $2, updated_at = $3
 WHERE scope = $4 AND operation = $5 AND key = $6 AND attempt = $7
 	AND status = 'processing' AND (lease_until IS NULL OR lease_until < $8)`,
@@ -47,7 +47,7 @@ WHERE scope = $3 AND operation = $4 AND key = $5 AND attempt = $6 AND status = '
 		SelectStale: `SELECT ` + cols + ` FROM inbox
 WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < $1) AND updated_at < $2
 ORDER BY updated_at LIMIT $3`,
-		UnfinishedStats: `SELECT status, count(*), min(updated_at) FROM inbox WHERE status IN ` + unfinishedStatuses + ` GROUP BY status`,
+		UnfinishedStats: `SELECT status, count(*), min(created_at) FROM inbox WHERE status IN ` + unfinishedStatuses + ` GROUP BY status`,
 		OldestExpired:   `SELECT min(expires_at) FROM inbox WHERE expires_at IS NOT NULL AND status IN ` + finishedStatuses,
 		// PostgreSQL has no DELETE ... LIMIT; the batch is picked by primary
 		// key, skipping rows a claim holds so that a purge never waits on one.
@@ -96,7 +96,7 @@ func (postgres) Classify(err error) error {
 		}
 		return err
 	}
-	return classifyConnErr(err)
+	return err
 }
 
 func (q Queries) rename(table string) Queries {

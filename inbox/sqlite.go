@@ -50,7 +50,7 @@ ON CONFLICT (scope, operation, "key") DO NOTHING`,
 		Select:         `SELECT ` + cols + ` FROM inbox` + where,
 		Finish: `UPDATE inbox SET status = ?, result = ?, resource_id = NULLIF(?, ''),
 	external_ref = COALESCE(NULLIF(?, ''), external_ref), error = NULLIF(?, ''),
-	lease_owner = NULL, lease_until = NULL, updated_at = ?` + where + ` AND attempt = ? AND status = ?`,
+	lease_owner = NULL, lease_until = NULL, updated_at = ?, expires_at = COALESCE(?, expires_at)` + where + ` AND attempt = ? AND status = ?`,
 		TakeOver: `UPDATE inbox SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?` + where +
 			` AND attempt = ? AND status = 'processing' AND (lease_until IS NULL OR lease_until < ?)`,
 		ExtendLease:   `UPDATE inbox SET lease_until = ?, updated_at = ?` + where + ` AND attempt = ? AND status = 'processing'`,
@@ -58,7 +58,7 @@ ON CONFLICT (scope, operation, "key") DO NOTHING`,
 		SelectStale: `SELECT ` + cols + ` FROM inbox
 WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?
 ORDER BY updated_at LIMIT ?`,
-		UnfinishedStats: `SELECT status, COUNT(*), MIN(updated_at) FROM inbox WHERE status IN ` + unfinishedStatuses + ` GROUP BY status`,
+		UnfinishedStats: `SELECT status, COUNT(*), MIN(created_at) FROM inbox WHERE status IN ` + unfinishedStatuses + ` GROUP BY status`,
 		OldestExpired:   `SELECT MIN(expires_at) FROM inbox WHERE expires_at IS NOT NULL AND status IN ` + finishedStatuses,
 		// DELETE ... LIMIT is a compile-time option of SQLite; a row-value
 		// IN over the primary key works everywhere.
@@ -99,5 +99,5 @@ func (sqliteDialect) Classify(err error) error {
 		}
 		return err
 	}
-	return classifyConnErr(err)
+	return err
 }

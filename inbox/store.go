@@ -111,8 +111,19 @@ func (s *Store) Table() string { return s.table }
 // Now returns the store's current time (Config.Now).
 func (s *Store) Now() time.Time { return s.now() }
 
-// Classify is [Dialect.Classify] for this store's dialect.
-func (s *Store) Classify(err error) error { return s.dialect.Classify(err) }
+// Classify classifies an error of the store's own database calls:
+// [Dialect.Classify], and a lost connection (database/sql's ErrBadConn, a
+// reset or refused socket) as transient. For errors that may come from
+// elsewhere, such as a handler's, use Dialect().Classify.
+func (s *Store) Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if c := s.dialect.Classify(err); c != err {
+		return c
+	}
+	return classifyConnErr(err)
+}
 
 func (s *Store) timeArg(t time.Time) any {
 	if t.IsZero() {

@@ -413,4 +413,99 @@ func runReserve(t *testing.T, h Harness) {
 		require.EqualValues(t, 1, st.Pending)
 		require.False(t, st.OldestPending.IsZero())
 	})
+
+	t.Run("IntentPendingLongerThanItsRetentionIsNotPurgedWhenResolved", func(t *testing.T) {
+		t.Parallel()
+		r := setupReserve(t, h)
+		d := r.dedup(t, dedup.Config{InFlightWait: -1, Retention: time.Hour})
+		h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			c, _ := dedup.ClaimFromContext(msg.Context())
+			r.charge(c)
+			return nil, dedup.Uncertain(context.DeadlineExceeded, "")
+		})
+		_, err := h(event("pay-1", `{}`))
+		require.ErrorIs(t, err, dedup.ErrPending)
+		r.clock.Advance(2 * time.Hour) // pending for longer than the retention
+		rc, err := handlers.NewReconciler(r.store, handlers.ReconcilerConfig{
+			Resolve: func(context.Context, *inbox.Record) (handlers.Resolution, error) {
+				return handlers.Resolution{Verdict: handlers.Succeeded, Result: []byte(`{"receipt":"not dedup output"}`)}, nil
+			},
+		})
+		require.NoError(t, err)
+		_, err = rc.RunOnce(r.ctx)
+		require.NoError(t, err)
+		res, err := r.store.Purge(r.ctx, inbox.PurgeParams{})
+		require.NoError(t, err)
+		require.Zero(t, res.Deleted, "resolution renewed the expiry")
+		_, err = h(event("pay-1", `{}`))
+		require.NoError(t, err, "a duplicate, acked even though the stored result is not replayable output")
+		require.Equal(t, 1, r.totalEffects())
+	})
+
+	t.Run("ReconcilerPagesPastUnresolvedRecords", func(t *testing.T) {
+		t.Parallel()
+		r := setupReserve(t, h)
+		for _, k := range []string{"old-a", "old-b", "new-c"} {
+			_, err := r.store.Claim(r.ctx, r.db, inbox.ClaimParams{Operation: "charge", Key: k, PayloadHash: hash(k)})
+			require.NoError(t, err)
+			require.NoError(t, r.store.Finish(r.ctx, r.db, inbox.FinishParams{Operation: "charge", Key: k, Attempt: 1,
+				To: inbox.StatusPending, Error: "timeout"}))
+			r.clock.Advance(time.Second)
+		}
+		asked := map[string]int{}
+		rc, err := handlers.NewReconciler(r.store, handlers.ReconcilerConfig{BatchSize: 2,
+			Resolve: func(_ context.Context, rec *inbox.Record) (handlers.Resolution, error) {
+				asked[rec.Key]++
+				r.clock.Advance(time.Millisecond)
+				if rec.Key == "new-c" {
+					return handlers.Resolution{Verdict: handlers.Succeeded}, nil
+				}
+				return handlers.Resolution{Verdict: handlers.Unresolved}, nil
+			},
+		})
+		require.NoError(t, err)
+		for range 2 {
+			_, err := rc.RunOnce(r.ctx)
+			require.NoError(t, err)
+		}
+		require.Equal(t, 1, asked["new-c"], "a newer record is reached although older ones stay unresolved")
+		require.Equal(t, inbox.StatusCompleted, r.record(t, "new-c").Status)
+		rec := r.record(t, "old-a")
+		require.Equal(t, inbox.StatusPending, rec.Status)
+		require.Equal(t, "timeout", rec.Error, "touching an unresolved record keeps what it stored")
+	})
+
+	t.Run("LostLeaseCancelsTheHandlersContext", func(t *testing.T) {
+		t.Parallel()
+		r := setupReserve(t, h)
+		d := r.dedup(t, dedup.Config{Lease: time.Minute, HeartbeatInterval: 10 * time.Millisecond})
+		running := make(chan struct{})
+		cause := make(chan error, 1)
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				close(running)
+				<-msg.Context().Done()
+				cause <- context.Cause(msg.Context())
+				return nil, msg.Context().Err()
+			})(event("pay-1", `{}`))
+			done <- err
+		}()
+		<-running
+		// Another worker takes the intent over (as after a long pause of
+		// this one): the heartbeat finds out and cancels the handler.
+		r.clock.Advance(2 * time.Minute)
+		ok, err := r.store.TakeOver(r.ctx, r.db, inbox.TakeOverParams{Operation: "charge", Key: "pay-1", Attempt: 1,
+			LeaseOwner: "other", LeaseUntil: r.clock.Now().Add(time.Minute)})
+		require.NoError(t, err)
+		require.True(t, ok)
+		select {
+		case c := <-cause:
+			require.ErrorIs(t, c, dedup.ErrLeaseLost)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the handler's context was not cancelled")
+		}
+		require.ErrorIs(t, <-done, dedup.ErrLeaseLost)
+		require.Equal(t, "other", r.record(t, "pay-1").LeaseOwner)
+	})
 }
