@@ -165,8 +165,8 @@ func (c Config) withDefaults() Config {
 	if c.Lease == 0 {
 		c.Lease = 30 * time.Second
 	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = c.Lease / 3
+	if c.HeartbeatInterval == 0 && c.Lease > 0 {
+		c.HeartbeatInterval = max(c.Lease/3, 1)
 	}
 	if c.InFlightWait == 0 {
 		c.InFlightWait = 5 * time.Second

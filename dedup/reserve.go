@@ -69,7 +69,10 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 			}
 		case inbox.StatusProcessing:
 			now := d.store.Now()
-			if rec.LeaseUntil.IsZero() || !rec.LeaseUntil.After(now) {
+			// The same rule as the TakeOver statement (lease_until < now):
+			// were they to disagree on a lease expiring exactly now, the
+			// delivery would spin between a refused take-over and a re-read.
+			if rec.LeaseUntil.IsZero() || rec.LeaseUntil.Before(now) {
 				ok, err := d.store.TakeOver(ctx, db, inbox.TakeOverParams{
 					Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: rec.Attempt,
 					LeaseOwner: d.cfg.Owner, LeaseUntil: now.Add(d.cfg.Lease),
@@ -82,9 +85,13 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 					d.metrics.observeTakeover(id.operation)
 					return d.execute(msg, h, id, rec.Attempt+1)
 				}
-				// Another delivery took it first: read what it did.
-				rec = d.reread(ctx, id)
-				continue
+				// Another delivery took it first: read what it did. If the
+				// record still shows the attempt just refused, wait below
+				// rather than spin.
+				seen := rec.Attempt
+				if rec = d.reread(ctx, id); rec == nil || rec.Attempt != seen || rec.Status != inbox.StatusProcessing {
+					continue
+				}
 			}
 			leaseLeft = rec.LeaseUntil.Sub(now)
 		}

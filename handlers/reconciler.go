@@ -276,8 +276,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileReport, error) {
 			continue
 		}
 		rep.Unresolved++
-		if r.try(id) >= r.cfg.MaxTries {
+		if tries := r.try(id); tries >= r.cfg.MaxTries {
 			rep.GaveUp++
+			if tries > r.cfg.MaxTries {
+				continue // reported once; the gauge keeps counting it
+			}
 			r.cfg.Logger.Error("inboxmill: intent still unresolved after MaxTries passes; needs a look",
 				nil, r.fields(rec, Unresolved))
 		}

@@ -1,0 +1,559 @@
+package handlers_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	_ "modernc.org/sqlite"
+
+	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// clock is the wall clock plus an offset that tests move forward.
+type clock struct{ offset atomic.Int64 }
+
+func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+// env is a migrated SQLite inbox on a clock the test moves.
+type env struct {
+	t     *testing.T
+	ctx   context.Context
+	db    *sql.DB
+	store *inbox.Store
+	clock *clock
+}
+
+func newEnv(t *testing.T, table string) *env {
+	t.Helper()
+	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return envOn(t, db, table)
+}
+
+func envOn(t *testing.T, db *sql.DB, table string) *env {
+	t.Helper()
+	e := &env{t: t, ctx: context.Background(), db: db, clock: &clock{}}
+	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Table: table, Now: e.clock.Now})
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(e.ctx))
+	e.store = store
+	return e
+}
+
+// processing inserts a record reserved by worker "w" until leaseUntil.
+func (e *env) processing(key string, leaseUntil time.Time) *inbox.Record {
+	e.t.Helper()
+	_, err := e.store.Claim(e.ctx, e.db, inbox.ClaimParams{Operation: "charge", Key: key, PayloadHash: []byte(key),
+		Status: inbox.StatusProcessing, LeaseOwner: "w", LeaseUntil: leaseUntil})
+	require.NoError(e.t, err)
+	return e.get(key)
+}
+
+// pending inserts a record whose outcome is uncertain, as a reserve-mode
+// handler that returned dedup.Uncertain leaves it.
+func (e *env) pending(key, ref string) *inbox.Record {
+	e.t.Helper()
+	rec := e.processing(key, e.clock.Now().Add(time.Minute))
+	require.NoError(e.t, e.store.Finish(e.ctx, e.db, inbox.FinishParams{Operation: "charge", Key: key,
+		Attempt: rec.Attempt, To: inbox.StatusPending, ExternalRef: ref, Error: "timeout"}))
+	return e.get(key)
+}
+
+func (e *env) get(key string) *inbox.Record {
+	e.t.Helper()
+	rec, err := e.store.Get(e.ctx, e.db, "", "charge", key)
+	require.NoError(e.t, err)
+	return rec
+}
+
+// requireUntouched checks that rec is want apart from updated_at, which a
+// pass moves on a pending record it leaves unresolved (so that the next pass
+// pages past it).
+func requireUntouched(t *testing.T, want, rec *inbox.Record, msgAndArgs ...any) {
+	t.Helper()
+	w, r := *want, *rec
+	require.False(t, r.UpdatedAt.Before(w.UpdatedAt), "updated_at does not go back")
+	w.UpdatedAt, r.UpdatedAt = time.Time{}, time.Time{}
+	require.Equal(t, w, r, msgAndArgs...)
+}
+
+func (e *env) reconciler(cfg handlers.ReconcilerConfig) *handlers.Reconciler {
+	e.t.Helper()
+	r, err := handlers.NewReconciler(e.store, cfg)
+	require.NoError(e.t, err)
+	return r
+}
+
+func resolveAll(v handlers.Verdict) handlers.ResolveFunc {
+	return func(context.Context, *inbox.Record) (handlers.Resolution, error) {
+		return handlers.Resolution{Verdict: v}, nil
+	}
+}
+
+// logEntry and recLogger record what a reconciler logs.
+type logEntry struct {
+	level  string
+	msg    string
+	err    error
+	fields watermill.LogFields
+}
+
+type recLogger struct {
+	mu      *sync.Mutex
+	entries *[]logEntry
+}
+
+func newRecLogger() recLogger { return recLogger{mu: &sync.Mutex{}, entries: &[]logEntry{}} }
+
+func (l recLogger) log(level, msg string, err error, fields watermill.LogFields) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	*l.entries = append(*l.entries, logEntry{level: level, msg: msg, err: err, fields: fields})
+}
+
+func (l recLogger) Error(msg string, err error, fields watermill.LogFields) {
+	l.log("error", msg, err, fields)
+}
+func (l recLogger) Info(msg string, fields watermill.LogFields)      { l.log("info", msg, nil, fields) }
+func (l recLogger) Debug(msg string, fields watermill.LogFields)     { l.log("debug", msg, nil, fields) }
+func (l recLogger) Trace(msg string, fields watermill.LogFields)     { l.log("trace", msg, nil, fields) }
+func (l recLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+func (l recLogger) at(level string) []logEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []logEntry
+	for _, e := range *l.entries {
+		if e.level == level {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// metric returns the value of the gauge or counter name whose labels
+// include labels, and whether it exists.
+func metric(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := g.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue(), true
+			}
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+func requireMetric(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string, want float64) {
+	t.Helper()
+	v, ok := metric(t, g, name, labels)
+	require.True(t, ok, "%s%v exists", name, labels)
+	require.InDelta(t, want, v, 5, "%s%v", name, labels)
+}
+
+func TestNewReconcilerRejectsInvalidConfig(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	valid := func() handlers.ReconcilerConfig {
+		return handlers.ReconcilerConfig{Resolve: resolveAll(handlers.Unresolved)}
+	}
+	tests := []struct {
+		name   string
+		store  *inbox.Store
+		mutate func(*handlers.ReconcilerConfig)
+		want   string
+	}{
+		{name: "nil store", mutate: func(*handlers.ReconcilerConfig) {}, want: "store is nil"},
+		{name: "missing Resolve", store: e.store, mutate: func(c *handlers.ReconcilerConfig) { c.Resolve = nil }, want: "Resolve is required"},
+		{name: "negative Interval", store: e.store, mutate: func(c *handlers.ReconcilerConfig) { c.Interval = -time.Second }, want: "Interval -1s is negative"},
+		{name: "negative BatchSize", store: e.store, mutate: func(c *handlers.ReconcilerConfig) { c.BatchSize = -1 }, want: "BatchSize -1 is negative"},
+		{name: "StaleAfter -2ns", store: e.store, mutate: func(c *handlers.ReconcilerConfig) { c.StaleAfter = -2 }, want: "StaleAfter -2ns is negative"},
+		{name: "negative Lease", store: e.store, mutate: func(c *handlers.ReconcilerConfig) { c.Lease = -time.Minute }, want: "Lease -1m0s is negative"},
+		{name: "negative MaxTries", store: e.store, mutate: func(c *handlers.ReconcilerConfig) { c.MaxTries = -1 }, want: "MaxTries -1 is negative"},
+		{name: "Owner of 256 bytes", store: e.store, mutate: func(c *handlers.ReconcilerConfig) { c.Owner = strings.Repeat("o", 256) }, want: "Owner is longer than 255 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := valid()
+			tt.mutate(&cfg)
+			r, err := handlers.NewReconciler(tt.store, cfg)
+			require.Nil(t, r)
+			require.ErrorIs(t, err, handlers.ErrInvalidConfig)
+			require.Contains(t, err.Error(), tt.want)
+		})
+	}
+
+	t.Run("every problem at once", func(t *testing.T) {
+		t.Parallel()
+		_, err := handlers.NewReconciler(nil, handlers.ReconcilerConfig{Interval: -1, BatchSize: -1, StaleAfter: -5,
+			Lease: -1, MaxTries: -1, Owner: strings.Repeat("x", 300)})
+		require.ErrorIs(t, err, handlers.ErrInvalidConfig)
+		for _, w := range []string{"store is nil", "Resolve is required", "Interval", "BatchSize", "StaleAfter",
+			"Lease", "MaxTries", "Owner"} {
+			require.Contains(t, err.Error(), w)
+		}
+	})
+
+	t.Run("valid", func(t *testing.T) {
+		t.Parallel()
+		for _, cfg := range []handlers.ReconcilerConfig{
+			valid(),
+			{Resolve: resolveAll(handlers.Unresolved), StaleAfter: -1},
+			{Resolve: resolveAll(handlers.Unresolved), Interval: time.Second, BatchSize: 1, StaleAfter: time.Hour,
+				Lease: time.Second, MaxTries: 1, Owner: strings.Repeat("o", 255), Logger: watermill.NopLogger{}},
+		} {
+			r, err := handlers.NewReconciler(e.store, cfg)
+			require.NoError(t, err)
+			require.NotNil(t, r)
+		}
+	})
+}
+
+func TestVerdictString(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[handlers.Verdict]string{
+		handlers.Unresolved: "unresolved", handlers.Succeeded: "succeeded", handlers.Failed: "failed",
+		handlers.NotHappened: "not_happened", handlers.Verdict(42): "Verdict(42)",
+	} {
+		require.Equal(t, want, v.String())
+	}
+}
+
+func TestReconcilerEmptyTable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	reg := prometheus.NewRegistry()
+	var asked atomic.Int64
+	r := e.reconciler(handlers.ReconcilerConfig{Registerer: reg,
+		Resolve: func(context.Context, *inbox.Record) (handlers.Resolution, error) {
+			asked.Add(1)
+			return handlers.Resolution{}, nil
+		}})
+	for range 2 {
+		rep, err := r.RunOnce(e.ctx)
+		require.NoError(t, err)
+		require.Zero(t, rep.Examined)
+		require.Zero(t, rep.Unresolved)
+		require.Zero(t, rep.GaveUp)
+		require.NotNil(t, rep.Resolved)
+		require.Empty(t, rep.Resolved)
+	}
+	require.Zero(t, asked.Load())
+	labels := map[string]string{"table": "inbox"}
+	requireMetric(t, reg, "inboxmill_reconciler_pending", labels, 0)
+	requireMetric(t, reg, "inboxmill_reconciler_oldest_pending_age_seconds", labels, 0)
+	requireMetric(t, reg, "inboxmill_reconciler_unresolved", labels, 0)
+}
+
+func TestReconcilerResolveErrorCountsAsUnresolved(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	before := e.pending("pay-1", "ch_1")
+	logger := newRecLogger()
+	r := e.reconciler(handlers.ReconcilerConfig{Logger: logger,
+		Resolve: func(context.Context, *inbox.Record) (handlers.Resolution, error) {
+			// The verdict is ignored when an error comes with it.
+			return handlers.Resolution{Verdict: handlers.Succeeded}, errors.New("provider unreachable")
+		}})
+	rep, err := r.RunOnce(e.ctx)
+	require.NoError(t, err, "a single record's failure is not the pass's")
+	require.Equal(t, 1, rep.Examined)
+	require.Equal(t, 1, rep.Unresolved)
+	require.Empty(t, rep.Resolved)
+	requireUntouched(t, before, e.get("pay-1"), "the record is unchanged")
+	infos := logger.at("info")
+	require.Len(t, infos, 1)
+	require.Contains(t, infos[0].msg, "resolve failed")
+	require.Equal(t, "provider unreachable", infos[0].fields["error"])
+	require.Empty(t, logger.at("error"), "a pass cut short by Close is not a failure")
+}
+
+func TestReconcilerUnknownVerdictIsAnError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	before := e.pending("pay-1", "")
+	r := e.reconciler(handlers.ReconcilerConfig{Resolve: resolveAll(handlers.Verdict(42))})
+	rep, err := r.RunOnce(e.ctx)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "unknown verdict 42")
+	require.Equal(t, 1, rep.Examined)
+	require.Equal(t, 1, rep.Unresolved)
+	require.Empty(t, rep.Resolved)
+	require.Equal(t, before, e.get("pay-1"))
+}
+
+func TestReconcilerFailedVerdictStoresTheError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	e.pending("pay-1", "ch_1")
+	r := e.reconciler(handlers.ReconcilerConfig{
+		Resolve: func(context.Context, *inbox.Record) (handlers.Resolution, error) {
+			return handlers.Resolution{Verdict: handlers.Failed, Error: "card declined"}, nil
+		}})
+	rep, err := r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[handlers.Verdict]int{handlers.Failed: 1}, rep.Resolved)
+	require.Zero(t, rep.Unresolved)
+	rec := e.get("pay-1")
+	require.Equal(t, inbox.StatusFailed, rec.Status)
+	require.Equal(t, "card declined", rec.Error)
+	require.Equal(t, "ch_1", rec.ExternalRef, "an empty ExternalRef keeps the stored one")
+	require.Empty(t, rec.LeaseOwner)
+	require.True(t, rec.LeaseUntil.IsZero())
+
+	rep, err = r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	require.Zero(t, rep.Examined, "a failed record is final")
+}
+
+func TestReconcilerSucceededVerdictStoresTheResult(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	e.pending("pay-1", "ch_1")
+	r := e.reconciler(handlers.ReconcilerConfig{
+		Resolve: func(context.Context, *inbox.Record) (handlers.Resolution, error) {
+			return handlers.Resolution{Verdict: handlers.Succeeded, Result: []byte("replay me"), ExternalRef: "ch_2"}, nil
+		}})
+	rep, err := r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[handlers.Verdict]int{handlers.Succeeded: 1}, rep.Resolved)
+	rec := e.get("pay-1")
+	require.Equal(t, inbox.StatusCompleted, rec.Status)
+	require.Equal(t, []byte("replay me"), rec.Result)
+	require.Equal(t, "ch_2", rec.ExternalRef)
+	require.Empty(t, rec.Error, "the uncertainty's error is cleared")
+}
+
+func TestReconcilerMaxTries(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	e.pending("pay-1", "ch_1")
+	before := e.get("pay-1")
+	logger := newRecLogger()
+	reg := prometheus.NewRegistry()
+	var verdict atomic.Int64 // handlers.Unresolved
+	r := e.reconciler(handlers.ReconcilerConfig{MaxTries: 3, Logger: logger, Registerer: reg,
+		Resolve: func(context.Context, *inbox.Record) (handlers.Resolution, error) {
+			return handlers.Resolution{Verdict: handlers.Verdict(verdict.Load())}, nil
+		}})
+	unresolved := map[string]string{"table": "inbox"}
+	for pass := 1; pass <= 2; pass++ {
+		rep, err := r.RunOnce(e.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, rep.Unresolved, "pass %d", pass)
+		require.Zero(t, rep.GaveUp, "pass %d", pass)
+		require.Empty(t, logger.at("error"), "pass %d", pass)
+		requireMetric(t, reg, "inboxmill_reconciler_unresolved", unresolved, 0)
+	}
+	rep, err := r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Unresolved)
+	require.Equal(t, 1, rep.GaveUp, "unresolved after MaxTries passes")
+	errs := logger.at("error")
+	require.Len(t, errs, 1)
+	require.Contains(t, errs[0].msg, "MaxTries")
+	require.Equal(t, "charge", errs[0].fields["operation"])
+	require.Equal(t, "ch_1", errs[0].fields["external_ref"])
+	require.NotContains(t, fmt.Sprint(errs[0].fields), "pay-1", "the key is logged as a digest")
+	requireMetric(t, reg, "inboxmill_reconciler_unresolved", unresolved, 1)
+	requireUntouched(t, before, e.get("pay-1"), "it stays pending")
+
+	// Resolved at last: the record leaves the unresolved count.
+	verdict.Store(int64(handlers.Succeeded))
+	rep, err = r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	require.Zero(t, rep.GaveUp)
+	require.Equal(t, 1, rep.Resolved[handlers.Succeeded])
+	requireMetric(t, reg, "inboxmill_reconciler_unresolved", unresolved, 0)
+}
+
+func TestReconcilerMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "payments_inbox")
+	reg := prometheus.NewRegistry()
+	e.pending("pay-1", "")
+	e.pending("pay-2", "")
+	e.clock.Advance(90 * time.Minute)
+	verdicts := map[string]handlers.Verdict{"pay-1": handlers.Succeeded, "pay-2": handlers.Unresolved}
+	var mu sync.Mutex
+	r := e.reconciler(handlers.ReconcilerConfig{MaxTries: 1, Registerer: reg,
+		Resolve: func(_ context.Context, rec *inbox.Record) (handlers.Resolution, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return handlers.Resolution{Verdict: verdicts[rec.Key]}, nil
+		}})
+	table := map[string]string{"table": "payments_inbox"}
+	for _, name := range []string{"inboxmill_reconciler_pending", "inboxmill_reconciler_oldest_pending_age_seconds",
+		"inboxmill_reconciler_unresolved"} {
+		requireMetric(t, reg, name, table, 0)
+	}
+
+	rep, err := r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.Examined)
+	requireMetric(t, reg, "inboxmill_reconciler_pending", table, 1)
+	requireMetric(t, reg, "inboxmill_reconciler_oldest_pending_age_seconds", table, (90 * time.Minute).Seconds())
+	requireMetric(t, reg, "inboxmill_reconciler_unresolved", table, 1)
+	requireMetric(t, reg, "inboxmill_reconciler_resolved_total",
+		map[string]string{"table": "payments_inbox", "verdict": "succeeded"}, 1)
+
+	mu.Lock()
+	verdicts["pay-2"] = handlers.Failed
+	mu.Unlock()
+	_, err = r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	requireMetric(t, reg, "inboxmill_reconciler_pending", table, 0)
+	requireMetric(t, reg, "inboxmill_reconciler_oldest_pending_age_seconds", table, 0)
+	requireMetric(t, reg, "inboxmill_reconciler_unresolved", table, 0)
+	requireMetric(t, reg, "inboxmill_reconciler_resolved_total",
+		map[string]string{"table": "payments_inbox", "verdict": "succeeded"}, 1)
+	requireMetric(t, reg, "inboxmill_reconciler_resolved_total",
+		map[string]string{"table": "payments_inbox", "verdict": "failed"}, 1)
+	_, ok := metric(t, reg, "inboxmill_reconciler_resolved_total", map[string]string{"verdict": "not_happened"})
+	require.False(t, ok)
+}
+
+func TestReconcilerMetricsRegistration(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	other := envOn(t, e.db, "other_inbox")
+	reg := prometheus.NewRegistry()
+	cfg := handlers.ReconcilerConfig{Resolve: resolveAll(handlers.Unresolved), Registerer: reg}
+	_, err := handlers.NewReconciler(e.store, cfg)
+	require.NoError(t, err)
+
+	r, err := handlers.NewReconciler(e.store, cfg)
+	require.Error(t, err, "a second reconciler for the same table on the same registry")
+	require.Nil(t, r)
+	require.Contains(t, err.Error(), "already registered")
+	require.NotErrorIs(t, err, handlers.ErrInvalidConfig)
+
+	// Another table has series of its own on the same registry.
+	r, err = handlers.NewReconciler(other.store, cfg)
+	require.NoError(t, err)
+	other.pending("pay-1", "")
+	_, err = r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	requireMetric(t, reg, "inboxmill_reconciler_pending", map[string]string{"table": "other_inbox"}, 1)
+	requireMetric(t, reg, "inboxmill_reconciler_pending", map[string]string{"table": "inbox"}, 0)
+
+	// And another registry is independent.
+	_, err = handlers.NewReconciler(e.store, handlers.ReconcilerConfig{Resolve: resolveAll(handlers.Unresolved),
+		Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+}
+
+func TestReconcilerStaleAfterDisabledLeavesProcessingRecordsAlone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	abandoned := e.processing("abandoned", e.clock.Now().Add(time.Minute))
+	e.pending("pay-1", "")
+	e.clock.Advance(30 * 24 * time.Hour)
+	var asked []string
+	r := e.reconciler(handlers.ReconcilerConfig{StaleAfter: -1,
+		Resolve: func(_ context.Context, rec *inbox.Record) (handlers.Resolution, error) {
+			asked = append(asked, rec.Key)
+			return handlers.Resolution{Verdict: handlers.Succeeded}, nil
+		}})
+	rep, err := r.RunOnce(e.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Examined)
+	require.Equal(t, []string{"pay-1"}, asked, "pending records are still resolved")
+	require.Equal(t, abandoned, e.get("abandoned"), "the processing record is not taken over")
+}
+
+func TestReconcilerCloseWithoutStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "inbox")
+	r := e.reconciler(handlers.ReconcilerConfig{Resolve: resolveAll(handlers.Unresolved)})
+	require.NoError(t, r.Close())
+	require.NoError(t, r.Close())
+}
+
+// TestReconcilerStartAndClose is not parallel: it checks that Close leaves
+// no goroutine behind.
+func TestReconcilerStartAndClose(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
+	require.NoError(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = db.Close()
+		}
+	})
+	e := envOn(t, db, "inbox")
+	e.pending("pay-1", "")
+
+	// The first pass starts at once; Close cancels the context of a Resolve
+	// under way and waits for the pass to end.
+	asking := make(chan struct{})
+	var asked atomic.Int64
+	logger := newRecLogger()
+	r := e.reconciler(handlers.ReconcilerConfig{Interval: time.Hour, Logger: logger,
+		Resolve: func(ctx context.Context, _ *inbox.Record) (handlers.Resolution, error) {
+			if asked.Add(1) == 1 {
+				close(asking)
+			}
+			<-ctx.Done()
+			return handlers.Resolution{}, ctx.Err()
+		}})
+	require.NoError(t, r.Start())
+	err = r.Start()
+	require.Error(t, err, "started twice")
+	require.Contains(t, err.Error(), "already started")
+	select {
+	case <-asking:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start ran no pass")
+	}
+	closeDone := make(chan error, 1)
+	go func() { closeDone <- r.Close() }()
+	select {
+	case err := <-closeDone:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not stop a pass blocked in Resolve")
+	}
+	require.NoError(t, r.Close(), "Close twice")
+	require.EqualValues(t, 1, asked.Load())
+	require.Equal(t, inbox.StatusPending, e.get("pay-1").Status)
+	require.Empty(t, logger.at("error"), "a pass cut short by Close is not a failure")
+
+	require.NoError(t, db.Close())
+	closed = true
+	goleak.VerifyNone(t, ignore)
+}
