@@ -96,7 +96,10 @@ func runPurge(t *testing.T, h Harness) {
 	t.Run("PurgeOfManyRowsLetsClaimsThrough", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, h)
-		const n = 100_000
+		n := 100_000
+		if raceEnabled {
+			n = 20_000
+		}
 		b.seed(t, "old", n, inbox.StatusCompleted, time.Now().Add(-time.Hour))
 
 		var (

@@ -1,0 +1,199 @@
+package handlers
+
+import (
+	"crypto/hmac"
+	"errors"
+	"fmt"
+	"hash"
+	"net/http"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// Errors a [Verifier] returns, wrapped with detail that never contains the
+// body, a secret or a signature. The receiver answers 401 to all of them
+// except ErrMissingEventID and ErrInvalidEventID (400): a request that is
+// authentic but names no usable event cannot be deduplicated, and a
+// provider retrying it would not change that.
+var (
+	// ErrMissingSignature: the request carries no signature, or lacks a
+	// header the signature covers (a timestamp, a message ID).
+	ErrMissingSignature = errors.New("handlers: webhook signature missing")
+
+	// ErrMalformedHeader: a signature or timestamp header is present but not
+	// in the provider's format.
+	ErrMalformedHeader = errors.New("handlers: malformed webhook signature header")
+
+	// ErrSignatureMismatch: no signature in the request matches the body
+	// under any configured secret — a tampered body, a wrong or retired
+	// secret, or a forgery.
+	ErrSignatureMismatch = errors.New("handlers: webhook signature mismatch")
+
+	// ErrTimestampOutOfRange: the signature is valid but its signed
+	// timestamp is further from now than the tolerance, in the past (a
+	// replay of a captured request) or in the future.
+	ErrTimestampOutOfRange = errors.New("handlers: webhook timestamp outside the tolerance")
+
+	// ErrMissingEventID: the request is authentic but carries no event or
+	// delivery ID to deduplicate on.
+	ErrMissingEventID = errors.New("handlers: webhook has no event ID")
+
+	// ErrInvalidEventID: the event ID cannot be an inbox key: longer than
+	// 255 bytes, not UTF-8, or containing a NUL byte.
+	ErrInvalidEventID = errors.New("handlers: webhook event ID is not a valid key")
+)
+
+// DefaultTolerance is how far a signed timestamp may be from now, either
+// way, when a verifier's Tolerance is 0. It is what the providers' own SDKs
+// use.
+const DefaultTolerance = 5 * time.Minute
+
+// Event is what a [Verifier] learned from an authentic request.
+type Event struct {
+	// ID is the provider's event or delivery ID, the same on every retry of
+	// the event: the key the dedup middleware claims (metadata event_id).
+	// Required.
+	ID string
+	// Type is the provider's event type ("payment_intent.succeeded",
+	// "push"); empty when the scheme has none.
+	Type string
+	// Tenant is the tenant the provider names in the request (a Stripe
+	// Connect account, a GitHub App installation); empty when it names none.
+	Tenant string
+	// Provider names the scheme ("stripe", "github", ...).
+	Provider string
+	// Timestamp is the signed timestamp; zero for schemes that sign none.
+	Timestamp time.Time
+}
+
+// Verifier authenticates a webhook request and identifies its event. body
+// is the request's whole body (the receiver has read it; r.Body is
+// drained), now the receiver's clock. A Verifier must compare MACs in
+// constant time, accept a request only when a signature over exactly this
+// body matches, and return an error wrapping one of the sentinel errors
+// above otherwise. Its errors are logged: they must not contain the body,
+// a secret or a signature. It must be safe for concurrent use.
+//
+// Implement it for a provider without a built-in verifier, or wrap one to
+// derive the tenant from the route:
+//
+//	v := handlers.VerifierFunc(func(r *http.Request, body []byte, now time.Time) (handlers.Event, error) {
+//		ev, err := stripe.Verify(r, body, now)
+//		ev.Tenant = r.PathValue("tenant")
+//		return ev, err
+//	})
+type Verifier interface {
+	Verify(r *http.Request, body []byte, now time.Time) (Event, error)
+}
+
+// VerifierFunc adapts a function to a [Verifier].
+type VerifierFunc func(r *http.Request, body []byte, now time.Time) (Event, error)
+
+// Verify calls f.
+func (f VerifierFunc) Verify(r *http.Request, body []byte, now time.Time) (Event, error) {
+	return f(r, body, now)
+}
+
+// validator is implemented by the built-in verifiers so that
+// NewWebhookReceiver reports a misconfigured one at construction rather
+// than answering 401 to every request.
+type validator interface {
+	validate() error
+}
+
+// maxKeyBytes is the inbox's limit on a key.
+const maxKeyBytes = 255
+
+// checkEventID reports whether id can be an inbox key.
+func checkEventID(id string) error {
+	switch {
+	case id == "":
+		return ErrMissingEventID
+	case len(id) > maxKeyBytes:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidEventID, len(id), maxKeyBytes)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: not UTF-8", ErrInvalidEventID)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] == 0 {
+			return fmt.Errorf("%w: contains a NUL byte", ErrInvalidEventID)
+		}
+	}
+	return nil
+}
+
+// anyMAC reports whether one of sigs is the MAC of the parts under one of
+// keys. Every candidate is compared with every key's MAC by hmac.Equal,
+// whose time does not depend on the contents, and the loop does not stop
+// at a match: timing tells a forger nothing about how close a guess was.
+func anyMAC(newHash func() hash.Hash, keys [][]byte, sigs [][]byte, parts ...[]byte) bool {
+	ok := false
+	for _, key := range keys {
+		m := hmac.New(newHash, key)
+		for _, p := range parts {
+			m.Write(p)
+		}
+		want := m.Sum(nil)
+		for _, sig := range sigs {
+			if hmac.Equal(sig, want) {
+				ok = true
+			}
+		}
+	}
+	return ok
+}
+
+// parseUnix parses a signed Unix timestamp in seconds: decimal digits only,
+// as every provider writes it, so that the signed text and the parsed value
+// cannot disagree (no sign, no spaces, no exponent).
+func parseUnix(s string) (time.Time, error) {
+	if s == "" || len(s) > 18 {
+		return time.Time{}, fmt.Errorf("%w: timestamp is not a Unix time in seconds", ErrMalformedHeader)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return time.Time{}, fmt.Errorf("%w: timestamp is not a Unix time in seconds", ErrMalformedHeader)
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: timestamp is not a Unix time in seconds", ErrMalformedHeader)
+	}
+	return time.Unix(n, 0), nil
+}
+
+// checkTimestamp enforces tolerance around now; -1 disables the check, and
+// any other value below 1 means DefaultTolerance (never a wider window).
+func checkTimestamp(ts, now time.Time, tolerance time.Duration) error {
+	if tolerance == -1 {
+		return nil
+	}
+	if tolerance <= 0 {
+		tolerance = DefaultTolerance
+	}
+	switch d := now.Sub(ts); {
+	case d > tolerance:
+		return fmt.Errorf("%w: signed %v ago, tolerance %v", ErrTimestampOutOfRange, d.Truncate(time.Second), tolerance)
+	case -d > tolerance:
+		return fmt.Errorf("%w: signed %v in the future, tolerance %v", ErrTimestampOutOfRange, (-d).Truncate(time.Second), tolerance)
+	}
+	return nil
+}
+
+// validateSecrets is shared by the built-in verifiers' validate methods.
+func validateSecrets(name string, secrets []string, tolerance time.Duration) error {
+	var errs []error
+	if len(secrets) == 0 {
+		errs = append(errs, fmt.Errorf("%w: %s: at least one secret is required", ErrInvalidConfig, name))
+	}
+	for i, s := range secrets {
+		if s == "" {
+			errs = append(errs, fmt.Errorf("%w: %s: secret %d is empty", ErrInvalidConfig, name, i))
+		}
+	}
+	if tolerance < -1 {
+		errs = append(errs, fmt.Errorf("%w: %s: Tolerance %v is negative (-1 disables the check)", ErrInvalidConfig, name, tolerance))
+	}
+	return errors.Join(errs...)
+}
