@@ -1,0 +1,317 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/kafkatest"
+	"github.com/inboxmill/inboxmill/internal/testdb"
+)
+
+const topic = "orders"
+
+type bundle struct {
+	brokers []string
+	db      *sql.DB
+	store   *inbox.Store
+	base    []string
+	// perPartition counts the topic's messages by partition.
+	perPartition map[int32]int
+}
+
+// setup publishes 53 messages on three partitions — 40 events, events 0-19
+// ten days ago and 20-39 now, retries of events 0-9, event 30's ID reused
+// for another order, two messages without an event ID — and processes them
+// all through the middleware, so that the inbox holds what a consumer
+// would have left.
+func setup(t *testing.T, kind testdb.Kind) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	b := &bundle{perPartition: map[int32]int{}}
+	var dsn string
+	switch kind {
+	case testdb.SQLite:
+		dsn = filepath.Join(t.TempDir(), "inbox.db")
+		b.db = testdb.OpenSQLite(t, dsn)
+	case testdb.MySQL:
+		b.db, dsn = testdb.Open(t, kind), testdb.MySQLDSN()
+	default:
+		b.db, dsn = testdb.Open(t, kind), testdb.PostgresDSN()
+	}
+	table := testdb.UniqueName("replay_inbox")
+	var err error
+	b.store, err = inbox.NewStore(b.db, testdb.Dialect(kind), inbox.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, b.store.Migrate(ctx))
+	t.Cleanup(func() {
+		for _, tbl := range []string{table, table + "_migrations"} {
+			_, _ = b.db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
+		}
+	})
+	b.brokers = kafkatest.Start(t, 3, topic)
+
+	now := time.Now()
+	old := now.Add(-240 * time.Hour)
+	var records []kafkatest.Record
+	add := func(p int32, eventID, payload string, at time.Time) {
+		h := map[string]string{"tenant_id": "shop-1"}
+		if eventID != "" {
+			h["event_id"] = eventID
+		}
+		records = append(records, kafkatest.Record{Partition: p, Headers: h, Value: []byte(payload), Timestamp: at})
+		b.perPartition[p]++
+	}
+	for i := range 40 {
+		at := now
+		if i < 20 {
+			at = old
+		}
+		add(int32(i%3), eventID(i), fmt.Sprintf(`{"order":"o-%d","sent_at":"first"}`, i), at)
+		if i < 10 {
+			add(int32(i%3), eventID(i), fmt.Sprintf(`{"order":"o-%d","sent_at":"retry"}`, i), at.Add(time.Second))
+		}
+	}
+	add(0, eventID(30), `{"order":"o-999"}`, now)
+	add(0, "", `{"order":"o-1000"}`, now)
+	add(1, "", `{"order":"o-1001"}`, now)
+	kafkatest.Produce(t, b.brokers, topic, records)
+
+	d, err := dedup.New(b.store, dedup.Config{
+		Key:          dedup.KeyFromMetadata("event_id"),
+		Scope:        dedup.ScopeFromMetadata("tenant_id"),
+		Operation:    "ship_order",
+		IgnoreFields: []string{"sent_at"},
+	})
+	require.NoError(t, err)
+	h := d.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	for _, km := range kafkatest.ReadAll(t, b.brokers, topic) {
+		msg, err := kafka.DefaultMarshaler{}.Unmarshal(km)
+		require.NoError(t, err)
+		_, _ = h(msg)
+	}
+	require.Equal(t, dedup.Stats{Executed: 40, Duplicates: 10, Conflicts: 1, Invalid: 2}, d.Stats())
+
+	b.base = []string{
+		"-brokers", strings.Join(b.brokers, ","), "-topic", topic,
+		"-dialect", dialectFlag(kind), "-dsn", dsn, "-table", table,
+		"-operation", "ship_order", "-key-metadata", "event_id", "-scope-metadata", "tenant_id",
+		"-ignore-fields", "sent_at", "-progress-interval", "0",
+	}
+	return b
+}
+
+func eventID(i int) string { return fmt.Sprintf("evt-%02d", i) }
+
+func dialectFlag(kind testdb.Kind) string {
+	switch kind {
+	case testdb.SQLite:
+		return "sqlite"
+	case testdb.MySQL:
+		return "mysql"
+	}
+	return "postgres"
+}
+
+// replay runs the command and returns its exit status, standard output
+// and standard error.
+func replay(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// summary runs the command, requires success and returns the last line.
+func (b *bundle) summary(t *testing.T, args ...string) string {
+	t.Helper()
+	code, stdout, stderr := replay(t, append(append([]string{}, b.base...), args...)...)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	return lines[len(lines)-1]
+}
+
+// TestReplayDryRun runs the command against kfake and each database.
+func TestReplayDryRun(t *testing.T) {
+	for _, kind := range []testdb.Kind{testdb.SQLite, testdb.PostgresPQ, testdb.MySQL} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, kind)
+
+			// Everything was processed: a replay runs nothing.
+			require.Equal(t, "messages=53 new=0 duplicate=50 conflict=1 invalid=2 expired=0", b.summary(t))
+
+			// Forget two old events and two recent ones.
+			for _, i := range []int{1, 2, 25, 26} {
+				require.NoError(t, b.store.Delete(context.Background(), b.db, "shop-1", "ship_order", eventID(i)))
+			}
+			// The recent ones are new; the old ones were published before
+			// the 7-day window, so their records would have been purged by
+			// now: older than the retention window. Either runs again.
+			require.Equal(t, "messages=53 new=2 duplicate=46 conflict=1 invalid=2 expired=2", b.summary(t))
+			require.Equal(t, "messages=53 new=2 duplicate=46 conflict=1 invalid=2 expired=2", b.summary(t, "-retention", "7d"))
+			require.Equal(t, "messages=53 new=4 duplicate=46 conflict=1 invalid=2 expired=0", b.summary(t, "-retention", "-1"))
+			require.Equal(t, "messages=53 new=0 duplicate=46 conflict=1 invalid=2 expired=4", b.summary(t, "-retention", "1ms"))
+
+			// Only the last hour: events 20-39, the reused ID, the keyless two.
+			require.Equal(t, "messages=23 new=2 duplicate=18 conflict=1 invalid=2 expired=0", b.summary(t, "-since", "1h"))
+			require.Equal(t, "messages=23 new=2 duplicate=18 conflict=1 invalid=2 expired=0",
+				b.summary(t, "-since", time.Now().Add(-time.Hour).Format(time.RFC3339)))
+			require.Equal(t, "messages=0 new=0 duplicate=0 conflict=0 invalid=0 expired=0",
+				b.summary(t, "-since", time.Now().Add(time.Hour).Format(time.RFC3339)))
+
+			// Offset ranges.
+			require.Equal(t, "messages=2 new=0 duplicate=2 conflict=0 invalid=0 expired=0",
+				b.summary(t, "-partitions", "0", "-from", "1", "-to", "3"))
+			want := 2 + (b.perPartition[1] - 1) + (b.perPartition[2] - 1)
+			require.Contains(t, b.summary(t, "-from", "0:1,1:1,2:0", "-to", "0:3,2:"+fmt.Sprint(b.perPartition[2]-1)),
+				fmt.Sprintf("messages=%d ", want))
+			require.Contains(t, b.summary(t, "-from", "1000"), "messages=0 ")
+		})
+	}
+}
+
+// TestReplayOutput checks what the command shows besides the summary.
+func TestReplayOutput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testdb.SQLite)
+	require.NoError(t, b.store.Delete(context.Background(), b.db, "shop-1", "ship_order", eventID(25)))
+
+	code, stdout, stderr := replay(t, append(b.base, "-progress-every", "10", "-show", "3")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "partition 0: offsets 0 to 20 (20 messages)")
+	require.Regexp(t, `(?m)^  partition=\d offset=\d+ class=(new|conflict|invalid) `, stdout)
+	require.Contains(t, stdout, "... and 1 more that are not duplicates")
+	require.Contains(t, stdout, "a replay would run the handler for 1 messages (1 new, 0 older than the retention window), "+
+		"ack 49 duplicates without running it, and refuse 3 (1 conflicting, 2 invalid)\n")
+	require.NotContains(t, stdout, "evt-", "keys are shown as digests")
+	require.Regexp(t, `(?m)^progress: 10/53 messages \(19%\), \d+ msg/s, messages=10 `, stderr)
+	require.Regexp(t, `(?m)^progress: 50/53 messages`, stderr)
+
+	// A conflict says why; an invalid message too.
+	code, stdout, _ = replay(t, append(b.base, "-show", "100")...)
+	require.Equal(t, 0, code)
+	require.Regexp(t, `class=conflict key_digest=[0-9a-f]{16} published=\S+ reason="inbox: key [0-9a-f]{16} of operation \\"ship_order\\"`, stdout)
+	require.Regexp(t, `class=invalid published=\S+ reason="dedup: key from metadata \\"event_id\\"`, stdout)
+	require.Regexp(t, `class=new key_digest=`+inbox.KeyDigest("shop-1", "ship_order", eventID(25)), stdout)
+
+	// Progress by time alone.
+	code, _, stderr = replay(t, append(b.base, "-progress-every", "0", "-progress-interval", "1ns")...)
+	require.Equal(t, 0, code)
+	require.Contains(t, stderr, "progress: ")
+}
+
+// TestReplayFailures: what cannot be read is an error, never a report.
+func TestReplayFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testdb.SQLite)
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown topic", []string{"-topic", "nope"}, "topic nope"},
+		{"unknown partition", []string{"-partitions", "7"}, "has no partition 7"},
+		{"unknown partition in -from", []string{"-from", "7:0"}, "has no partition 7"},
+		{"no inbox table", []string{"-table", "missing"}, "read the inbox table missing"},
+		{"no broker", []string{"-brokers", "127.0.0.1:1"}, "run out of available brokers"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, stderr := replay(t, append(append([]string{}, b.base...), c.args...)...)
+			require.Equal(t, 1, code, stderr)
+			require.Contains(t, stderr, c.want)
+		})
+	}
+}
+
+// TestReplayUsage: bad flags are reported together, with exit status 2,
+// before anything is opened.
+func TestReplayUsage(t *testing.T) {
+	base := []string{"-topic", "t", "-dsn", "x", "-operation", "op", "-key-metadata", "event_id"}
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"nothing", nil, []string{"-topic is required", "-dsn is required", "-operation is required",
+			"exactly one of -key-metadata and -key-json"}},
+		{"two keys", append(base, "-key-json", "id"), []string{"exactly one of -key-metadata and -key-json"}},
+		{"two scopes", append(base, "-scope-metadata", "tenant", "-scope", "a"), []string{"at most one of -scope-metadata and -scope"}},
+		{"since and from", append(base, "-since", "1h", "-from", "3"), []string{"at most one of -from and -since"}},
+		{"bad since", append(base, "-since", "yesterday"), []string{"-since: \"yesterday\""}},
+		{"bad from", append(base, "-from", "first"), []string{"-from: \"first\""}},
+		{"bad to pair", append(base, "-to", "0:x"), []string{"-to: \"0:x\" is not partition:offset"}},
+		{"partition twice", append(base, "-to", "0:1,0:2"), []string{"partition 0 is given twice"}},
+		{"bad retention", append(base, "-retention", "0"), []string{"-retention: \"0\""}},
+		{"bad dialect", append(base, "-dialect", "oracle"), []string{"-dialect \"oracle\""}},
+		{"raw with ignore", append(base, "-raw-fingerprint", "-ignore-fields", "a"), []string{"-ignore-fields only applies"}},
+		{"bad partitions", append(base, "-partitions", "a"), []string{"-partitions: \"a\""}},
+		{"bad version", append(base, "-kafka-version", "x"), []string{"-kafka-version"}},
+		{"stray argument", append(base, "extra"), []string{"unexpected arguments"}},
+		{"unknown flag", append(base, "-nope"), []string{"flag provided but not defined: -nope"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, stdout, stderr := replay(t, c.args...)
+			require.Equal(t, 2, code)
+			require.Empty(t, stdout)
+			for _, w := range c.want {
+				require.Contains(t, stderr, w)
+			}
+		})
+	}
+	code, _, stderr := replay(t, "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, stderr, "usage: inboxmill-replay")
+}
+
+func TestParseFlagValues(t *testing.T) {
+	o, err := parseOffsets("oldest", "oldest")
+	require.NoError(t, err)
+	_, ok := o.get(3)
+	require.False(t, ok)
+
+	o, err = parseOffsets("0:5, 2:7", "end")
+	require.NoError(t, err)
+	v, ok := o.get(2)
+	require.True(t, ok)
+	require.EqualValues(t, 7, v)
+	_, ok = o.get(1)
+	require.False(t, ok)
+
+	o, err = parseOffsets("12", "oldest")
+	require.NoError(t, err)
+	v, ok = o.get(9)
+	require.True(t, ok)
+	require.EqualValues(t, 12, v)
+
+	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "90m": 90 * time.Minute, "-1": -1, "forever": -1} {
+		got, err := parseRetention(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"0", "-5m", "xd", ""} {
+		_, err := parseRetention(in)
+		require.Error(t, err, in)
+	}
+
+	now := time.Date(2030, 5, 1, 12, 0, 0, 0, time.UTC)
+	got, err := parseSince("2d", now)
+	require.NoError(t, err)
+	require.Equal(t, now.Add(-48*time.Hour), got)
+	got, err = parseSince("2030-04-01T00:00:00Z", now)
+	require.NoError(t, err)
+	require.Equal(t, time.Date(2030, 4, 1, 0, 0, 0, 0, time.UTC), got)
+}

@@ -1,0 +1,336 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	_ "github.com/go-sql-driver/mysql" // registers "mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	_ "modernc.org/sqlite"             // registers "sqlite"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+var drivers = map[string]struct {
+	driver  string
+	dialect func() inbox.Dialect
+}{
+	"postgres": {"pgx", inbox.Postgres},
+	"mysql":    {"mysql", inbox.MySQL},
+	"sqlite":   {"sqlite", inbox.SQLite},
+}
+
+// partitionRange is the offsets [start, end) of one partition to read.
+type partitionRange struct {
+	partition  int32
+	start, end int64
+}
+
+// item is what a partition reader hands the aggregator: a prediction, the
+// end of a partition cut short, or an error.
+type item struct {
+	partition int32
+	offset    int64
+	published time.Time
+	res       dedup.DryRunResult
+	// warning is set when the partition went idle before its end.
+	warning string
+	err     error
+}
+
+func dryRun(ctx context.Context, o options, stdout, stderr io.Writer) error {
+	db, store, err := openInbox(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	d, err := dedup.New(store, o.dedupConfig())
+	if err != nil {
+		return err
+	}
+
+	cfg := sarama.NewConfig()
+	cfg.Version = o.kafkaVersion
+	cfg.ClientID = "inboxmill-replay"
+	cfg.Consumer.Return.Errors = true
+	cfg.Metadata.Full = false
+	client, err := sarama.NewClient(o.brokers, cfg)
+	if err != nil {
+		return fmt.Errorf("connect to Kafka at %s: %w", strings.Join(o.brokers, ","), err)
+	}
+	defer client.Close()
+	ranges, err := plan(client, o)
+	if err != nil {
+		return err
+	}
+	var total int64
+	fmt.Fprintf(stdout, "topic %s, inbox table %s, operation %q:\n", o.topic, store.Table(), o.operation)
+	for _, r := range ranges {
+		fmt.Fprintf(stdout, "  partition %d: offsets %d to %d (%d messages)\n", r.partition, r.start, r.end, r.end-r.start)
+		total += r.end - r.start
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return err
+	}
+	defer consumer.Close()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make(chan item, 256)
+	go func() {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, o.concurrency)
+		for _, r := range ranges {
+			if r.start >= r.end {
+				continue
+			}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				readPartition(ctx, consumer, d, o, r, results)
+			})
+		}
+		wg.Wait()
+		close(results)
+	}()
+
+	var (
+		report   dedup.DryRunReport
+		shown    int
+		warnings []string
+		start    = time.Now()
+		tick     <-chan time.Time
+	)
+	if o.progressInterval > 0 {
+		t := time.NewTicker(o.progressInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	progress := func() {
+		pct := 100.0
+		if total > 0 {
+			pct = 100 * float64(report.Messages) / float64(total)
+		}
+		rate := float64(report.Messages) / max(time.Since(start).Seconds(), 1e-3)
+		fmt.Fprintf(stderr, "progress: %d/%d messages (%.0f%%), %.0f msg/s, %s\n", report.Messages, total, pct, rate, report.String())
+	}
+	for done := false; !done; {
+		select {
+		case it, ok := <-results:
+			switch {
+			case !ok:
+				done = true
+			case it.err != nil:
+				cancel()
+				for range results {
+				}
+				return it.err
+			case it.warning != "":
+				warnings = append(warnings, it.warning)
+			default:
+				class := report.Add(it.res)
+				if class != dedup.DryRunDuplicate && shown < o.show {
+					shown++
+					fmt.Fprintln(stdout, describe(it, class))
+				}
+				if o.progressEvery > 0 && report.Messages%int64(o.progressEvery) == 0 {
+					progress()
+				}
+			}
+		case <-tick:
+			progress()
+		case <-ctx.Done():
+			for range results {
+			}
+			return ctx.Err()
+		}
+	}
+	for _, w := range warnings {
+		fmt.Fprintln(stderr, "warning:", w)
+	}
+	if rest := report.Messages - report.Duplicate; rest > int64(shown) {
+		fmt.Fprintf(stdout, "  ... and %d more that are not duplicates (-show lists more)\n", rest-int64(shown))
+	}
+	fmt.Fprintf(stdout, "a replay would run the handler for %d messages (%d new, %d older than the retention window), "+
+		"ack %d duplicates without running it, and refuse %d (%d conflicting, %d invalid)\n",
+		report.WouldExecute(), report.New, report.Expired, report.Duplicate, report.Conflict+report.Invalid,
+		report.Conflict, report.Invalid)
+	fmt.Fprintln(stdout, report.String())
+	return nil
+}
+
+// describe renders one message that is not a plain duplicate. Keys are shown
+// as digests: they may carry customer data.
+func describe(it item, class dedup.DryRunClass) string {
+	s := fmt.Sprintf("  partition=%d offset=%d class=%s", it.partition, it.offset, class)
+	if it.res.KeyDigest != "" {
+		s += " key_digest=" + it.res.KeyDigest
+	}
+	if !it.published.IsZero() {
+		s += " published=" + it.published.UTC().Format(time.RFC3339)
+	}
+	if it.res.Err != nil && class == it.res.Class {
+		s += fmt.Sprintf(" reason=%q", it.res.Err.Error())
+	}
+	return s
+}
+
+func openInbox(ctx context.Context, o options) (*sql.DB, *inbox.Store, error) {
+	drv := drivers[o.dialect]
+	dsn := o.dsn
+	if o.dialect == "sqlite" && !strings.HasPrefix(dsn, "file:") {
+		dsn = inbox.SQLiteDSN(dsn)
+	}
+	db, err := sql.Open(drv.driver, dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the inbox database: %w", err)
+	}
+	store, err := inbox.NewStore(db, drv.dialect(), inbox.Config{Table: o.table})
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
+	// One look-up before reading Kafka, so that a wrong DSN or table fails
+	// at once rather than after the first message.
+	_, err = store.Get(ctx, db, "", o.operation, "inboxmill-replay-probe")
+	if err != nil && !errors.Is(err, inbox.ErrNotFound) {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("read the inbox table %s: %w", o.table, err)
+	}
+	return db, store, nil
+}
+
+// plan turns the flags into an offset range per partition, within what the
+// partitions hold now.
+func plan(client sarama.Client, o options) ([]partitionRange, error) {
+	all, err := client.Partitions(o.topic)
+	if err != nil {
+		return nil, fmt.Errorf("topic %s: %w", o.topic, err)
+	}
+	exists := map[int32]bool{}
+	for _, p := range all {
+		exists[p] = true
+	}
+	parts := all
+	if o.partitions != nil {
+		parts = o.partitions
+	}
+	for _, p := range parts {
+		if !exists[p] {
+			return nil, fmt.Errorf("topic %s has no partition %d (it has %d)", o.topic, p, len(all))
+		}
+	}
+	for _, m := range []map[int32]int64{o.from.perPartition, o.to.perPartition} {
+		for p := range m {
+			if !exists[p] {
+				return nil, fmt.Errorf("topic %s has no partition %d (it has %d)", o.topic, p, len(all))
+			}
+		}
+	}
+	ranges := make([]partitionRange, 0, len(parts))
+	for _, p := range parts {
+		oldest, err1 := client.GetOffset(o.topic, p, sarama.OffsetOldest)
+		end, err2 := client.GetOffset(o.topic, p, sarama.OffsetNewest)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, fmt.Errorf("offsets of %s/%d: %w", o.topic, p, err)
+		}
+		r := partitionRange{partition: p, start: oldest, end: end}
+		if v, ok := o.from.get(p); ok {
+			r.start = max(v, oldest)
+		}
+		if !o.since.IsZero() {
+			v, err := client.GetOffset(o.topic, p, o.since.UnixMilli())
+			if err != nil {
+				return nil, fmt.Errorf("offset of %s/%d at %s: %w", o.topic, p, o.since.Format(time.RFC3339), err)
+			}
+			if v < 0 { // nothing that recent
+				v = end
+			}
+			r.start = max(v, oldest)
+		}
+		if v, ok := o.to.get(p); ok {
+			r.end = min(v, end)
+		}
+		r.start = min(r.start, r.end)
+		ranges = append(ranges, r)
+	}
+	return ranges, nil
+}
+
+// readPartition reads one partition's range, predicts each message and
+// hands the predictions on in offset order.
+func readPartition(ctx context.Context, consumer sarama.Consumer, d *dedup.Deduplicator, o options, r partitionRange,
+	results chan<- item,
+) {
+	send := func(it item) bool {
+		select {
+		case results <- it:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	pc, err := consumer.ConsumePartition(o.topic, r.partition, r.start)
+	if err != nil {
+		send(item{err: fmt.Errorf("read %s/%d from offset %d: %w", o.topic, r.partition, r.start, err)})
+		return
+	}
+	defer pc.AsyncClose()
+	idle := time.NewTimer(o.idle)
+	defer idle.Stop()
+	for next := r.start; next < r.end; {
+		select {
+		case km, ok := <-pc.Messages():
+			if !ok || km.Offset >= r.end {
+				return
+			}
+			// The same conversion as watermill-kafka's subscriber: headers
+			// become metadata, the value the payload.
+			msg, err := kafka.DefaultMarshaler{}.Unmarshal(km)
+			if err != nil {
+				send(item{err: fmt.Errorf("%s/%d offset %d: %w", o.topic, r.partition, km.Offset, err)})
+				return
+			}
+			var published time.Time
+			if km.Timestamp.UnixMilli() > 0 {
+				published = km.Timestamp
+			}
+			res, err := d.DryRun(ctx, msg, published)
+			if err != nil {
+				send(item{err: fmt.Errorf("%s/%d offset %d: %w", o.topic, r.partition, km.Offset, err)})
+				return
+			}
+			if !send(item{partition: r.partition, offset: km.Offset, published: published, res: res}) {
+				return
+			}
+			next = km.Offset + 1
+			idle.Reset(o.idle)
+		case err := <-pc.Errors():
+			send(item{err: fmt.Errorf("read %s/%d: %w", o.topic, r.partition, err)})
+			return
+		case <-idle.C:
+			send(item{warning: fmt.Sprintf("partition %d: nothing at offsets %d to %d for %v; stopped there "+
+				"(transaction markers and compaction leave gaps in offsets; a slow broker also explains it)",
+				r.partition, next, r.end, o.idle)})
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}

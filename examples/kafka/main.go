@@ -1,0 +1,366 @@
+// Command kafka shows inboxmill behind a Kafka consumer group
+// (watermill-kafka, Sarama) with a PostgreSQL inbox: order events arrive with
+// everything at-least-once delivery throws at a consumer — producer retries
+// that republish an event as a new message, handler failures, acks lost
+// after the commit, and one event ID reused for a different order. Every
+// order ships exactly once; the reused ID goes to the poison topic.
+//
+// By default it starts an in-process Kafka-protocol broker on 127.0.0.1, so
+// only PostgreSQL is needed. Point it at a real cluster with -brokers; the
+// repository's docker-compose.yml starts one:
+//
+//	go run ./examples/kafka
+//	docker compose up -d
+//	go run ./examples/kafka -brokers localhost:9092 -dsn 'postgres://postgres@localhost:5432/test?sslmode=disable'
+//
+// Run it again: the inbox persists in PostgreSQL, so the republished events
+// are all duplicates and nothing ships twice (executed=0).
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+const partitions = 4
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.brokers, "brokers", "", "Kafka brokers, comma-separated (default: an embedded broker on 127.0.0.1)")
+	flag.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL for the inbox and the shipments")
+	flag.StringVar(&cfg.topic, "topic", "orders", "topic of the order events; <topic>.poison receives the refused ones")
+	flag.StringVar(&cfg.group, "group", "shipping", "consumer group")
+	flag.StringVar(&cfg.inboxTable, "inbox-table", "inbox", "inbox table")
+	flag.StringVar(&cfg.shipmentsTable, "shipments-table", "shipments", "the application's table")
+	flag.IntVar(&cfg.events, "events", 100, "number of distinct order events")
+	flag.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "kafka example:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	brokers, dsn, topic, group string
+	inboxTable, shipmentsTable string
+	events                     int
+	verbose                    bool
+}
+
+type summary struct {
+	published, delivered, executed, duplicates, conflicts, poisoned int
+	shipments, distinctShipments                                    int
+}
+
+func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
+	var sum summary
+	if cfg.events < 7 {
+		return sum, errors.New("-events must be at least 7")
+	}
+	logger := watermill.LoggerAdapter(watermill.NopLogger{})
+	if cfg.verbose {
+		logger = watermill.NewStdLogger(true, false)
+	}
+
+	db, err := sql.Open("pgx", cfg.dsn)
+	if err != nil {
+		return sum, err
+	}
+	defer db.Close()
+	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: cfg.inboxTable})
+	if err != nil {
+		return sum, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return sum, fmt.Errorf("inbox at %s: %w", cfg.dsn, err)
+	}
+	// The application's own table. The handler writes to it in the same
+	// transaction as the inbox record: both commit, or neither does.
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+cfg.shipmentsTable+` (
+		event_id text NOT NULL, order_id text NOT NULL, sku text NOT NULL, qty integer NOT NULL)`); err != nil {
+		return sum, err
+	}
+	var before int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+cfg.shipmentsTable).Scan(&before); err != nil {
+		return sum, err
+	}
+	fmt.Fprintf(out, "inbox: PostgreSQL table %s (%d shipments from earlier runs)\n", cfg.inboxTable, before)
+
+	poisonTopic := cfg.topic + ".poison"
+	brokers, stop, err := startKafka(cfg, poisonTopic)
+	if err != nil {
+		return sum, err
+	}
+	defer stop()
+	if cfg.brokers == "" {
+		fmt.Fprintf(out, "kafka: embedded broker at %s\n", brokers[0])
+	} else {
+		fmt.Fprintf(out, "kafka: %v\n", brokers)
+	}
+
+	publisher, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: brokers,
+		// Partitioned by event ID, as a producer keyed on the business entity
+		// would be: a retry lands on the same partition as the original.
+		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+			return msg.Metadata.Get("event_id"), nil
+		}),
+		OverwriteSaramaConfig: publisherConfig(),
+	}, logger)
+	if err != nil {
+		return sum, err
+	}
+	defer publisher.Close()
+	subscriber, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:               brokers,
+		Unmarshaler:           kafka.DefaultMarshaler{},
+		ConsumerGroup:         cfg.group,
+		OverwriteSaramaConfig: subscriberConfig(),
+		NackResendSleep:       10 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		return sum, err
+	}
+
+	// The middleware owns the transaction: begin, claim the event's key,
+	// run the handler, store its output, commit; then the router acks.
+	d, err := dedup.New(store, dedup.Config{
+		Key:          dedup.KeyFromMetadata("event_id"), // a Kafka header; never the Watermill UUID
+		Scope:        dedup.ScopeFromMetadata("tenant_id"),
+		IgnoreFields: []string{"sent_at"}, // a producer retry stamps a new time; same order
+		Logger:       logger,
+	})
+	if err != nil {
+		return sum, err
+	}
+	poison, err := middleware.PoisonQueueWithFilter(publisher, poisonTopic, dedup.IsPoison)
+	if err != nil {
+		return sum, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		return sum, err
+	}
+	var mu sync.Mutex
+	delivered := 0
+	lost := map[string]bool{}
+	router.AddMiddleware(
+		// Outermost: a message that can never succeed goes to the poison
+		// topic instead of being redelivered forever.
+		poison,
+		func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				mu.Lock()
+				delivered++
+				mu.Unlock()
+				return h(msg)
+			}
+		},
+		// Simulates a consumer that crashes after its transaction committed
+		// but before the ack reached Kafka: the message comes back.
+		func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := h(msg)
+				id := msg.Metadata.Get("event_id")
+				if err == nil && eventNumber(id)%6 == 0 {
+					mu.Lock()
+					defer mu.Unlock()
+					if !lost[id] {
+						lost[id] = true
+						return nil, errors.New("simulated crash after commit, before ack")
+					}
+				}
+				return out, err
+			}
+		},
+		d.Middleware,
+	)
+	failed := map[string]bool{}
+	router.AddConsumerHandler("ship_order", cfg.topic, subscriber, func(msg *message.Message) error {
+		tx, _ := dedup.TxFromContext(msg.Context())
+		var o order
+		if err := decodeOrder(msg.Payload, &o); err != nil {
+			return err
+		}
+		id := msg.Metadata.Get("event_id")
+		if _, err := tx.ExecContext(msg.Context(),
+			`INSERT INTO `+cfg.shipmentsTable+` (event_id, order_id, sku, qty) VALUES ($1, $2, $3, $4)`,
+			id, o.OrderID, o.SKU, o.Qty); err != nil {
+			return err
+		}
+		// Every fourth event fails once after writing: the write is rolled
+		// back with the inbox record, and the redelivery runs it again.
+		if eventNumber(id)%4 == 0 {
+			mu.Lock()
+			defer mu.Unlock()
+			if !failed[id] {
+				failed[id] = true
+				return errors.New("simulated failure of the warehouse API")
+			}
+		}
+		return nil
+	})
+
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(context.WithoutCancel(ctx)) }()
+	defer router.Close()
+	select {
+	case <-router.Running():
+	case err := <-routerDone:
+		return sum, fmt.Errorf("router: %w", err)
+	case <-ctx.Done():
+		return sum, ctx.Err()
+	}
+
+	msgs := stream(cfg.events)
+	if err := publisher.Publish(cfg.topic, msgs...); err != nil {
+		return sum, err
+	}
+	// Every published message ends acked: executed, duplicate, or (the
+	// conflict) moved to the poison topic. A lost ack comes back once more.
+	for {
+		st := d.Stats()
+		mu.Lock()
+		lostAcks := len(lost)
+		mu.Unlock()
+		if int(st.Executed+st.Duplicates+st.Conflicts)-lostAcks >= len(msgs) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return sum, fmt.Errorf("waiting for deliveries: %w (stats %+v)", ctx.Err(), st)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := router.Close(); err != nil {
+		return sum, err
+	}
+	conflicts := int(d.Stats().Conflicts)
+	if sum.poisoned, err = readPoison(ctx, cfg, brokers, poisonTopic, conflicts, out, logger); err != nil {
+		return sum, err
+	}
+
+	st := d.Stats()
+	mu.Lock()
+	sum.delivered = delivered
+	mu.Unlock()
+	sum.published = len(msgs)
+	sum.executed, sum.duplicates, sum.conflicts = int(st.Executed), int(st.Duplicates), int(st.Conflicts)
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT event_id) FROM `+cfg.shipmentsTable).
+		Scan(&sum.shipments, &sum.distinctShipments); err != nil {
+		return sum, err
+	}
+	fmt.Fprintf(out, "published %d messages for %d events on %d partitions; %d handler runs failed and were rolled back\n",
+		sum.published, cfg.events, partitions, st.Retries)
+	fmt.Fprintf(out, "shipments: %d rows for %d distinct events", sum.shipments, sum.distinctShipments)
+	if sum.shipments == sum.distinctShipments {
+		fmt.Fprintln(out, " — every event shipped exactly once")
+	} else {
+		fmt.Fprintln(out, " — DUPLICATE EFFECTS")
+	}
+	fmt.Fprintf(out, "delivered=%d executed=%d duplicates=%d conflicts=%d\n",
+		sum.delivered, sum.executed, sum.duplicates, sum.conflicts)
+	if sum.shipments != sum.distinctShipments {
+		return sum, errors.New("an event was shipped more than once")
+	}
+	return sum, nil
+}
+
+// startKafka returns the brokers to use: an embedded one on loopback, or
+// the cluster named by -brokers, where it creates the topics if needed.
+func startKafka(cfg config, poisonTopic string) ([]string, func(), error) {
+	if cfg.brokers == "" {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, cfg.topic, poisonTopic))
+		if err != nil {
+			return nil, nil, err
+		}
+		return cluster.ListenAddrs(), cluster.Close, nil
+	}
+	brokers := splitBrokers(cfg.brokers)
+	admin, err := sarama.NewClusterAdmin(brokers, subscriberConfig())
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka at %v: %w", brokers, err)
+	}
+	defer admin.Close()
+	for _, topic := range []string{cfg.topic, poisonTopic} {
+		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false)
+		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+			return nil, nil, fmt.Errorf("create topic %s: %w", topic, err)
+		}
+	}
+	return brokers, func() {}, nil
+}
+
+// subscriberConfig is watermill-kafka's default with two changes: a
+// protocol version current brokers (Kafka 4 included) accept, and a new
+// consumer group starting from the oldest offset — from the newest, it
+// would miss what was published before it joined. Offsets stay
+// auto-committed (every second): a duplicate after a crash is the inbox's
+// job, and committing every message would cost a round trip each.
+func subscriberConfig() *sarama.Config {
+	c := kafka.DefaultSaramaSubscriberConfig()
+	c.Version = sarama.V2_8_0_0
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return c
+}
+
+func publisherConfig() *sarama.Config {
+	c := kafka.DefaultSaramaSyncPublisherConfig()
+	c.Version = sarama.V2_8_0_0
+	return c
+}
+
+// readPoison reads the n messages the poison queue received in this run.
+func readPoison(ctx context.Context, cfg config, brokers []string, topic string, n int, out io.Writer,
+	logger watermill.LoggerAdapter,
+) (int, error) {
+	if n == 0 {
+		return 0, nil
+	}
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, ConsumerGroup: cfg.group + ".poison",
+		OverwriteSaramaConfig: subscriberConfig(),
+	}, logger)
+	if err != nil {
+		return 0, err
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	for i := range n {
+		select {
+		case pm := <-ch:
+			fmt.Fprintf(out, "poison queue: event %s refused: %s\n",
+				pm.Metadata.Get("event_id"), pm.Metadata.Get(middleware.ReasonForPoisonedKey))
+			pm.Ack()
+		case <-ctx.Done():
+			return i, fmt.Errorf("reading the poison topic: %w", ctx.Err())
+		}
+	}
+	return n, nil
+}
