@@ -94,6 +94,13 @@ type Config struct {
 	// Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
+	// ReadFirst decides whether a transactional delivery reads its record
+	// before beginning a transaction, which makes a duplicate one indexed
+	// lookup instead of a transaction with a conflicting insert. Defaults to
+	// ReadFirstAuto: read first while most recent deliveries were
+	// duplicates. Not used when joining a consuming transaction.
+	ReadFirst ReadFirst
+
 	// JoinTx, when set, finds the transaction the message was consumed in
 	// (WatermillSQLTx for watermill-sql's subscriber). The middleware then
 	// runs in it instead of beginning its own, each attempt under a
@@ -210,6 +217,9 @@ func (c Config) validate() error {
 	}
 	if c.Mode != ModeTransactional && c.Mode != ModeReserve {
 		errs = append(errs, fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(c.Mode)))
+	}
+	if c.ReadFirst < ReadFirstAuto || c.ReadFirst > ReadFirstNever {
+		errs = append(errs, fmt.Errorf("%w: unknown ReadFirst %d", ErrInvalidConfig, int(c.ReadFirst)))
 	}
 	if c.Mode == ModeReserve && c.JoinTx != nil {
 		errs = append(errs, fmt.Errorf("%w: JoinTx is for ModeTransactional; reserve mode holds no transaction across the handler", ErrInvalidConfig))

@@ -27,6 +27,7 @@ type Deduplicator struct {
 	metrics *metrics
 	stats   counters
 	txs     txRegistry
+	dups    dupRate
 }
 
 // New returns a Deduplicator over store. It validates cfg (reporting every

@@ -24,8 +24,17 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 			return d.joined(ctx, tx, msg, h, id)
 		}
 	}
+	if d.shouldReadFirst() {
+		if out, outcome, err, done := d.readFirst(ctx, id); done {
+			d.dups.observe(outcome == OutcomeDuplicate)
+			return out, outcome, err
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		out, outcome, ran, err := d.once(ctx, msg, h, id)
+		if err == nil {
+			d.dups.observe(outcome == OutcomeDuplicate)
+		}
 		if err != nil && !ran && inbox.IsRetryable(err) && attempt < d.cfg.ClaimAttempts && ctx.Err() == nil {
 			continue
 		}

@@ -301,4 +301,51 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.Zero(t, m.calls.Load())
 		require.Zero(t, m.records(t))
 	})
+
+	t.Run("ReadingFirstKeepsTheGuarantees", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{ReadFirst: dedup.ReadFirstAlways})
+		m.output = func(msg *message.Message) []*message.Message {
+			return []*message.Message{message.NewMessage("out-"+msg.Metadata.Get("event_id"), []byte("x"))}
+		}
+		var wg sync.WaitGroup
+		var bad atomic.Int64
+		for range h.Concurrency {
+			wg.Go(func() {
+				for {
+					out, err := m.deliver(event("evt-1", `{"a":1}`))
+					if err == nil {
+						if len(out) != 1 || out[0].UUID != "out-evt-1" {
+							bad.Add(1)
+						}
+						return
+					}
+					if !dedup.IsRetryable(err) {
+						bad.Add(1)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.Zero(t, bad.Load())
+		require.Equal(t, 1, m.countEffects(t, "evt-1"))
+		require.EqualValues(t, 1, m.calls.Load())
+
+		_, err := m.deliver(event("evt-1", `{"a":2}`))
+		require.ErrorIs(t, err, dedup.ErrPayloadConflict, "a read-first conflict is still refused")
+		require.EqualValues(t, 1, m.calls.Load())
+
+		m.fail = func(int64) error { return dedup.Permanent(errors.New("invalid order")) }
+		_, err = m.deliver(event("evt-2", `{}`))
+		require.True(t, dedup.IsPoison(err))
+		require.Equal(t, 0, m.countEffects(t, "evt-2"), "a permanent failure rolls the handler's writes back")
+		_, err = m.deliver(event("evt-2", `{}`))
+		require.NoError(t, err, "a failed intent found by the read is acked")
+		require.EqualValues(t, 2, m.calls.Load())
+		rec, err := m.store.Get(m.ctx, m.db, "", "record_effect", "evt-2")
+		require.NoError(t, err)
+		require.Equal(t, inbox.StatusFailed, rec.Status)
+		require.Contains(t, rec.Error, "invalid order")
+	})
 }
