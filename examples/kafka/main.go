@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -37,6 +36,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/examples/internal/shop"
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
@@ -162,65 +162,13 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err != nil {
 		return sum, err
 	}
-	var mu sync.Mutex
-	delivered := 0
-	lost := map[string]bool{}
-	router.AddMiddleware(
-		// Outermost: a message that can never succeed goes to the poison
-		// topic instead of being redelivered forever.
-		poison,
-		func(h message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				mu.Lock()
-				delivered++
-				mu.Unlock()
-				return h(msg)
-			}
-		},
-		// Simulates a consumer that crashes after its transaction committed
-		// but before the ack reached Kafka: the message comes back.
-		func(h message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				out, err := h(msg)
-				id := msg.Metadata.Get("event_id")
-				if err == nil && eventNumber(id)%6 == 0 {
-					mu.Lock()
-					defer mu.Unlock()
-					if !lost[id] {
-						lost[id] = true
-						return nil, errors.New("simulated crash after commit, before ack")
-					}
-				}
-				return out, err
-			}
-		},
-		d.Middleware,
-	)
-	failed := map[string]bool{}
-	router.AddConsumerHandler("ship_order", cfg.topic, subscriber, func(msg *message.Message) error {
-		tx, _ := dedup.TxFromContext(msg.Context())
-		var o order
-		if err := decodeOrder(msg.Payload, &o); err != nil {
-			return err
-		}
-		id := msg.Metadata.Get("event_id")
-		if _, err := tx.ExecContext(msg.Context(),
-			`INSERT INTO `+cfg.shipmentsTable+` (event_id, order_id, sku, qty) VALUES ($1, $2, $3, $4)`,
-			id, o.OrderID, o.SKU, o.Qty); err != nil {
-			return err
-		}
-		// Every fourth event fails once after writing: the write is rolled
-		// back with the inbox record, and the redelivery runs it again.
-		if eventNumber(id)%4 == 0 {
-			mu.Lock()
-			defer mu.Unlock()
-			if !failed[id] {
-				failed[id] = true
-				return errors.New("simulated failure of the warehouse API")
-			}
-		}
-		return nil
-	})
+	faults := shop.NewFaults()
+	// Outermost first: a message that can never succeed goes to the poison
+	// topic instead of being redelivered forever; acks are lost after dedup
+	// committed, as when a consumer crashes before Kafka hears of it.
+	router.AddMiddleware(poison, faults.Count, faults.LoseAcks, d.Middleware)
+	router.AddConsumerHandler("ship_order", cfg.topic, subscriber, faults.ShipOrder(
+		`INSERT INTO `+cfg.shipmentsTable+` (event_id, order_id, sku, qty) VALUES ($1, $2, $3, $4)`))
 
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(context.WithoutCancel(ctx)) }()
@@ -233,23 +181,14 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, ctx.Err()
 	}
 
-	msgs := stream(cfg.events)
+	msgs := shop.Stream(cfg.events)
 	if err := publisher.Publish(cfg.topic, msgs...); err != nil {
 		return sum, err
 	}
-	// Every published message ends acked: executed, duplicate, or (the
-	// conflict) moved to the poison topic. A lost ack comes back once more.
-	for {
-		st := d.Stats()
-		mu.Lock()
-		lostAcks := len(lost)
-		mu.Unlock()
-		if int(st.Executed+st.Duplicates+st.Conflicts)-lostAcks >= len(msgs) {
-			break
-		}
+	for !faults.Settled(d.Stats(), len(msgs)) {
 		select {
 		case <-ctx.Done():
-			return sum, fmt.Errorf("waiting for deliveries: %w (stats %+v)", ctx.Err(), st)
+			return sum, fmt.Errorf("waiting for deliveries: %w (stats %+v)", ctx.Err(), d.Stats())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -262,29 +201,15 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}
 
 	st := d.Stats()
-	mu.Lock()
-	sum.delivered = delivered
-	mu.Unlock()
+	sum.delivered = faults.Delivered()
 	sum.published = len(msgs)
 	sum.executed, sum.duplicates, sum.conflicts = int(st.Executed), int(st.Duplicates), int(st.Conflicts)
 	if err := db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT event_id) FROM `+cfg.shipmentsTable).
 		Scan(&sum.shipments, &sum.distinctShipments); err != nil {
 		return sum, err
 	}
-	fmt.Fprintf(out, "published %d messages for %d events on %d partitions; %d handler runs failed and were rolled back\n",
-		sum.published, cfg.events, partitions, st.Retries)
-	fmt.Fprintf(out, "shipments: %d rows for %d distinct events", sum.shipments, sum.distinctShipments)
-	if sum.shipments == sum.distinctShipments {
-		fmt.Fprintln(out, " — every event shipped exactly once")
-	} else {
-		fmt.Fprintln(out, " — DUPLICATE EFFECTS")
-	}
-	fmt.Fprintf(out, "delivered=%d executed=%d duplicates=%d conflicts=%d\n",
-		sum.delivered, sum.executed, sum.duplicates, sum.conflicts)
-	if sum.shipments != sum.distinctShipments {
-		return sum, errors.New("an event was shipped more than once")
-	}
-	return sum, nil
+	return sum, shop.Report(out, st, sum.delivered, sum.published, cfg.events, sum.shipments, sum.distinctShipments,
+		fmt.Sprintf(" on %d partitions", partitions))
 }
 
 // startKafka returns the brokers to use: an embedded one on loopback, or
