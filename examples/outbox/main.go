@@ -1,0 +1,552 @@
+// Command outbox shows a transactional outbox between two deduplicated
+// consumers. Order events arrive on Kafka; the shipping consumer (dedup in
+// transactional mode) writes a shipment request AND publishes a follow-up
+// ShipmentRequested event through a watermill-sql publisher bound to the
+// claim's transaction, so the event is stored in an outbox table exactly when
+// the request commits. Watermill's Forwarder moves the outbox to a Kafka
+// topic, where a delivery consumer with its own dedup schedules one delivery
+// per order.
+//
+// The forwarder is at-least-once: a forwarder that dies after Kafka took the
+// message but before its outbox transaction committed the ack forwards the
+// message again when it restarts. This program kills it at exactly those
+// points, and a handler fails after publishing to the outbox (its message
+// rolls back with the transaction and is never forwarded). The delivery
+// consumer recognises every forwarded copy by its event_id and runs once per
+// order.
+//
+// It needs PostgreSQL (default: 127.0.0.1:5432, database test, user
+// postgres); Kafka is an embedded Kafka-protocol broker unless -brokers
+// names a cluster:
+//
+//	go run ./examples/outbox
+//	go run ./examples/outbox -brokers localhost:9092 -dsn 'postgres://postgres@localhost:5432/test?sslmode=disable'
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+const partitions = 4
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.brokers, "brokers", "", "Kafka brokers, comma-separated (default: an embedded broker on 127.0.0.1)")
+	flag.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
+		"PostgreSQL for the inbox, the outbox and the business tables")
+	flag.StringVar(&cfg.ordersTopic, "orders-topic", "outbox-orders", "Kafka topic of the order events")
+	flag.StringVar(&cfg.shipmentsTopic, "shipments-topic", "outbox-shipments", "Kafka topic the outbox is forwarded to")
+	flag.StringVar(&cfg.outboxTopic, "outbox-topic", "outbox_shipments",
+		"watermill-sql topic of the outbox (table watermill_<topic>)")
+	flag.StringVar(&cfg.tables, "tables", "outbox_example",
+		"prefix of the tables: <prefix>_inbox, <prefix>_requests, <prefix>_deliveries")
+	flag.IntVar(&cfg.events, "events", 60, "number of distinct order events")
+	flag.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "outbox example:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	brokers, dsn                             string
+	ordersTopic, shipmentsTopic, outboxTopic string
+	tables                                   string
+	events                                   int
+	verbose                                  bool
+}
+
+type summary struct {
+	orders, messages                         int // order events, and messages carrying them
+	outboxPublished, rolledBack              int // outbox rows committed; publishes rolled back
+	forwarded, crashes                       int // Kafka writes by the forwarder; forwarder deaths
+	downstreamExecuted, downstreamDuplicates int
+}
+
+func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
+	var sum summary
+	if cfg.events < 1 {
+		return sum, errors.New("-events must be at least 1")
+	}
+	logger := watermill.LoggerAdapter(watermill.NopLogger{})
+	if cfg.verbose {
+		logger = watermill.NewStdLogger(true, false)
+	}
+
+	db, err := sql.Open("pgx", cfg.dsn)
+	if err != nil {
+		return sum, err
+	}
+	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		return sum, fmt.Errorf("PostgreSQL at %s: %w", cfg.dsn, err)
+	}
+	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: cfg.tables + "_inbox"})
+	if err != nil {
+		return sum, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return sum, err
+	}
+	requests, deliveries := cfg.tables+"_requests", cfg.tables+"_deliveries"
+	for _, ddl := range []string{
+		`CREATE TABLE IF NOT EXISTS ` + requests + ` (event_id text NOT NULL, order_id text NOT NULL, qty integer NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS ` + deliveries + ` (event_id text NOT NULL, order_event_id text NOT NULL,
+			order_id text NOT NULL)`,
+	} {
+		if _, err := db.ExecContext(ctx, ddl); err != nil {
+			return sum, err
+		}
+	}
+
+	// The outbox is a watermill-sql queue table: each row is acked in place,
+	// so a row whose transaction commits after a later one's is still
+	// picked up (an offset-based schema such as MySQL's default could skip
+	// it). Its publisher runs inside handler transactions, where it must not
+	// create tables (MySQL commits the open transaction on CREATE TABLE), so
+	// the table is created here, once, with the schema adapter's own DDL.
+	// SubscribeBatchSize 1: the queue acks every row a transaction fetched.
+	schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
+	offsets := wsql.PostgreSQLQueueOffsetsAdapter{} // acked rows are kept for the count below (DeleteOnAck: false)
+	if err := createOutbox(ctx, db, schema, cfg.outboxTopic); err != nil {
+		return sum, err
+	}
+	outboxTable := schema.MessagesTable(cfg.outboxTopic)
+	var outboxBefore int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+outboxTable).Scan(&outboxBefore); err != nil {
+		return sum, err
+	}
+	fmt.Fprintf(out, "PostgreSQL: inbox %s_inbox, outbox %s\n", cfg.tables, outboxTable)
+
+	brokers, stopKafka, err := startKafka(cfg)
+	if err != nil {
+		return sum, err
+	}
+	defer stopKafka()
+	if cfg.brokers == "" {
+		fmt.Fprintf(out, "kafka: embedded broker at %s\n", brokers[0])
+	} else {
+		fmt.Fprintf(out, "kafka: %v\n", brokers)
+	}
+
+	// The forwarder: outbox table -> Kafka. It dies after some Kafka writes
+	// (before the ack) and at some ack commits, and is restarted each time.
+	r := &relay{
+		db: db, brokers: brokers, schema: schema, offsets: offsets, topic: cfg.outboxTopic, logger: logger,
+		crashAt: func(eventID string) crashPoint {
+			switch n := eventNumber(strings.TrimSuffix(eventID, shipmentSuffix)); {
+			case n%10 == 3:
+				return crashAfterPublish
+			case n%15 == 7:
+				return crashAtAckCommit
+			}
+			return noCrash
+		},
+	}
+	if err := r.start(); err != nil {
+		return sum, err
+	}
+	defer r.close()
+
+	// Downstream: the delivery service, its own dedup under its own
+	// operation, keyed on the follow-up event's ID.
+	down, err := dedup.New(store, dedup.Config{
+		Key:   dedup.KeyFromMetadata("event_id"),
+		Scope: dedup.ScopeFromMetadata("tenant_id"),
+	})
+	if err != nil {
+		return sum, err
+	}
+	downRouter, err := startConsumer(ctx, brokers, cfg.shipmentsTopic, "outbox-delivery", "schedule_delivery", down,
+		func(msg *message.Message) error {
+			tx, ok := dedup.TxFromContext(msg.Context())
+			if !ok {
+				return errors.New("no transaction in the message's context")
+			}
+			var s shipment
+			if err := json.Unmarshal(msg.Payload, &s); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(msg.Context(),
+				`INSERT INTO `+deliveries+` (event_id, order_event_id, order_id) VALUES ($1, $2, $3)`,
+				msg.Metadata.Get("event_id"), msg.Metadata.Get("causation_id"), s.OrderID)
+			return err
+		}, logger)
+	if err != nil {
+		return sum, err
+	}
+	defer downRouter.Close()
+
+	// Upstream: the shipping service. Its handler's writes — the request row
+	// and the outbox row — commit with the inbox record, or not at all.
+	up, err := dedup.New(store, dedup.Config{
+		Key:   dedup.KeyFromMetadata("event_id"),
+		Scope: dedup.ScopeFromMetadata("tenant_id"),
+	})
+	if err != nil {
+		return sum, err
+	}
+	var (
+		mu         sync.Mutex
+		failed     = map[string]bool{}
+		rolledBack int
+	)
+	upRouter, err := startConsumer(ctx, brokers, cfg.ordersTopic, "outbox-shipping", "request_shipment", up,
+		func(msg *message.Message) error {
+			ctx := msg.Context()
+			tx, ok := dedup.TxFromContext(ctx)
+			if !ok {
+				return errors.New("no transaction in the message's context")
+			}
+			var o order
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return err
+			}
+			id := msg.Metadata.Get("event_id")
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+requests+` (event_id, order_id, qty) VALUES ($1, $2, $3)`,
+				id, o.OrderID, o.Qty); err != nil {
+				return err
+			}
+			outbox, err := outboxPublisher(tx, schema, cfg.outboxTopic)
+			if err != nil {
+				return err
+			}
+			if err := outbox.Publish(cfg.shipmentsTopic, shipmentRequested(msg, o)); err != nil {
+				return err
+			}
+			// Every eighth order fails once after publishing: the outbox row
+			// rolls back with the request and the inbox record, and the
+			// redelivery publishes again.
+			mu.Lock()
+			defer mu.Unlock()
+			if eventNumber(id)%8 == 4 && !failed[id] {
+				failed[id] = true
+				rolledBack++
+				return errors.New("simulated failure after publishing to the outbox")
+			}
+			return nil
+		}, logger)
+	if err != nil {
+		return sum, err
+	}
+	defer upRouter.Close()
+
+	msgs, err := publishOrders(brokers, cfg.ordersTopic, cfg.events, logger)
+	if err != nil {
+		return sum, err
+	}
+
+	// Done when every order message was handled, every outbox row forwarded
+	// and acked, and the delivery consumer has seen every Kafka copy.
+	if err := waitFor(ctx, "the shipping consumer", func() (bool, error) {
+		st := up.Stats()
+		return int(st.Executed+st.Duplicates) >= msgs, nil
+	}); err != nil {
+		return sum, err
+	}
+	if err := waitFor(ctx, "the forwarder to drain the outbox", func() (bool, error) {
+		var pending int
+		err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+outboxTable+` WHERE NOT acked`).Scan(&pending)
+		return err == nil && pending == 0, err
+	}); err != nil {
+		return sum, err
+	}
+	forwarded, crashes := r.stats()
+	if err := waitFor(ctx, "the delivery consumer", func() (bool, error) {
+		st := down.Stats()
+		return int(st.Executed+st.Duplicates) >= forwarded, nil
+	}); err != nil {
+		return sum, err
+	}
+	_ = upRouter.Close()
+	r.close()
+	_ = downRouter.Close()
+
+	var outboxAfter int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+outboxTable).Scan(&outboxAfter); err != nil {
+		return sum, err
+	}
+	downSt := down.Stats()
+	mu.Lock()
+	sum = summary{orders: cfg.events, messages: msgs, outboxPublished: outboxAfter - outboxBefore, rolledBack: rolledBack,
+		forwarded: forwarded, crashes: crashes,
+		downstreamExecuted: int(downSt.Executed), downstreamDuplicates: int(downSt.Duplicates)}
+	mu.Unlock()
+
+	// Every order must have exactly one request and exactly one delivery.
+	reqMissing, reqTwice, err := checkOnce(ctx, db,
+		`SELECT event_id, COUNT(*) FROM `+requests+` GROUP BY event_id`, cfg.events)
+	if err != nil {
+		return sum, err
+	}
+	missing, twice, err := checkOnce(ctx, db,
+		`SELECT order_event_id, COUNT(*) FROM `+deliveries+` GROUP BY order_event_id`, cfg.events)
+	if err != nil {
+		return sum, err
+	}
+	fmt.Fprintf(out, "shipping: %d messages for %d orders; %d outbox publishes rolled back with their transaction\n",
+		sum.messages, sum.orders, sum.rolledBack)
+	fmt.Fprintf(out, "forwarder: %d Kafka writes, %d crashes between the Kafka write and the outbox ack\n",
+		sum.forwarded, sum.crashes)
+	report := func(what string, missing, twice int) {
+		if missing+twice == 0 {
+			fmt.Fprintf(out, "%s: every order has exactly one\n", what)
+		} else {
+			fmt.Fprintf(out, "%s: %d orders have none, %d more than one\n", what, missing, twice)
+		}
+	}
+	report("shipment requests", reqMissing, reqTwice)
+	report("deliveries", missing, twice)
+	fmt.Fprintf(out, "orders=%d outbox_published=%d forwarded=%d downstream_executed=%d downstream_duplicates=%d\n",
+		sum.orders, sum.outboxPublished, sum.forwarded, sum.downstreamExecuted, sum.downstreamDuplicates)
+	if reqMissing+reqTwice+missing+twice > 0 {
+		return sum, errors.New("an order's effect is missing or duplicated")
+	}
+	return sum, nil
+}
+
+// createOutbox creates the outbox topic's table, outside any transaction.
+func createOutbox(ctx context.Context, db *sql.DB, schema wsql.SchemaAdapter, topic string) error {
+	queries, err := schema.SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
+	if err != nil {
+		return err
+	}
+	for _, q := range queries {
+		if _, err := db.ExecContext(ctx, q.Query, q.Args...); err != nil {
+			return fmt.Errorf("create the outbox table: %w", err)
+		}
+	}
+	return nil
+}
+
+// outboxPublisher publishes into the outbox table through tx, the claim's
+// transaction: the row commits with the handler's other writes. The
+// forwarder.Publisher wraps each message in an envelope naming its Kafka
+// topic.
+func outboxPublisher(tx *sql.Tx, schema wsql.SchemaAdapter, outboxTopic string) (message.Publisher, error) {
+	// AutoInitializeSchema stays false: NewPublisher refuses it on a
+	// transaction.
+	pub, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: outboxTopic}), nil
+}
+
+const shipmentSuffix = ":shipment-requested"
+
+// shipmentRequested is the follow-up event of the order in msg. Its
+// event_id is derived from the order event's, so every copy the forwarder
+// sends — and every run of the handler — carries the same one.
+func shipmentRequested(msg *message.Message, o order) *message.Message {
+	payload, _ := json.Marshal(shipment{OrderID: o.OrderID, SKU: o.SKU, Qty: o.Qty})
+	ev := message.NewMessage(watermill.NewUUID(), payload)
+	ev.Metadata.Set("event_id", msg.Metadata.Get("event_id")+shipmentSuffix)
+	ev.Metadata.Set("causation_id", msg.Metadata.Get("event_id"))
+	ev.Metadata.Set("tenant_id", msg.Metadata.Get("tenant_id"))
+	ev.SetContext(msg.Context()) // the outbox INSERT runs under the handler's context
+	return ev
+}
+
+// startConsumer runs a Kafka consumer group with the dedup middleware in
+// front of h.
+func startConsumer(ctx context.Context, brokers []string, topic, group, name string, d *dedup.Deduplicator,
+	h message.NoPublishHandlerFunc, logger watermill.LoggerAdapter,
+) (*message.Router, error) {
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:               brokers,
+		Unmarshaler:           kafka.DefaultMarshaler{},
+		ConsumerGroup:         group,
+		OverwriteSaramaConfig: subscriberConfig(),
+		NackResendSleep:       10 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		return nil, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		return nil, err
+	}
+	router.AddMiddleware(d.Middleware)
+	router.AddConsumerHandler(name, topic, sub, h)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(context.WithoutCancel(ctx)) }()
+	select {
+	case <-router.Running():
+		return router, nil
+	case err := <-done:
+		return nil, fmt.Errorf("%s: %w", name, err)
+	case <-ctx.Done():
+		_ = router.Close()
+		return nil, ctx.Err()
+	}
+}
+
+// publishOrders publishes n order events; every sixth a second time (a
+// producer retry: a new message, the same event). It returns how many
+// messages it published.
+func publishOrders(brokers []string, topic string, n int, logger watermill.LoggerAdapter) (int, error) {
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: brokers,
+		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+			return msg.Metadata.Get("event_id"), nil
+		}),
+		OverwriteSaramaConfig: publisherConfig(),
+	}, logger)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	var msgs []*message.Message
+	for i := 1; i <= n; i++ {
+		msgs = append(msgs, orderMessage(i))
+		if i%6 == 0 {
+			msgs = append(msgs, orderMessage(i))
+		}
+	}
+	return len(msgs), pub.Publish(topic, msgs...)
+}
+
+type order struct {
+	OrderID string `json:"order_id"`
+	SKU     string `json:"sku"`
+	Qty     int    `json:"qty"`
+}
+
+type shipment struct {
+	OrderID string `json:"order_id"`
+	SKU     string `json:"sku"`
+	Qty     int    `json:"qty"`
+}
+
+func orderMessage(i int) *message.Message {
+	payload, _ := json.Marshal(order{OrderID: fmt.Sprintf("o-%04d", i), SKU: fmt.Sprintf("sku-%d", i%3), Qty: 1 + i%4})
+	msg := message.NewMessage(watermill.NewUUID(), payload)
+	msg.Metadata.Set("event_id", eventID(i))
+	msg.Metadata.Set("tenant_id", "shop-1")
+	return msg
+}
+
+func eventID(i int) string { return fmt.Sprintf("evt-%04d", i) }
+
+func eventNumber(id string) int {
+	n, _ := strconv.Atoi(strings.TrimPrefix(id, "evt-"))
+	return n
+}
+
+// checkOnce reads (order event ID, count) rows and reports how many of the
+// orders 1..n have no row and how many more than one.
+func checkOnce(ctx context.Context, db *sql.DB, query string, n int) (missing, twice int, err error) {
+	rows, err := db.QueryContext(ctx, query)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rows.Close()
+	counts := map[string]int{}
+	for rows.Next() {
+		var id string
+		var c int
+		if err := rows.Scan(&id, &c); err != nil {
+			return 0, 0, err
+		}
+		counts[id] = c
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, err
+	}
+	for i := 1; i <= n; i++ {
+		switch c := counts[eventID(i)]; {
+		case c == 0:
+			missing++
+		case c > 1:
+			twice++
+		}
+	}
+	return missing, twice, nil
+}
+
+func waitFor(ctx context.Context, what string, cond func() (bool, error)) error {
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// startKafka returns the brokers to use: an embedded one on loopback, or
+// the cluster named by -brokers, where it creates the topics if needed.
+func startKafka(cfg config) ([]string, func(), error) {
+	topics := []string{cfg.ordersTopic, cfg.shipmentsTopic}
+	if cfg.brokers == "" {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
+		if err != nil {
+			return nil, nil, err
+		}
+		return cluster.ListenAddrs(), cluster.Close, nil
+	}
+	var brokers []string
+	for _, b := range strings.Split(cfg.brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	admin, err := sarama.NewClusterAdmin(brokers, subscriberConfig())
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka at %v: %w", brokers, err)
+	}
+	defer admin.Close()
+	for _, topic := range topics {
+		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false)
+		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+			return nil, nil, fmt.Errorf("create topic %s: %w", topic, err)
+		}
+	}
+	return brokers, func() {}, nil
+}
+
+// subscriberConfig: a protocol version current brokers accept, and a new
+// consumer group starting from the oldest offset.
+func subscriberConfig() *sarama.Config {
+	c := kafka.DefaultSaramaSubscriberConfig()
+	c.Version = sarama.V2_8_0_0
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return c
+}
+
+func publisherConfig() *sarama.Config {
+	c := kafka.DefaultSaramaSyncPublisherConfig()
+	c.Version = sarama.V2_8_0_0
+	return c
+}
