@@ -151,6 +151,10 @@ func (c *client) charge(ctx context.Context, key, intent string, amount int) (ch
 	}
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
+	// net/http resends a request carrying an Idempotency-Key by itself when
+	// a reused connection closes before the answer. Against a provider that
+	// does not deduplicate that is a second charge; retries are ours to make.
+	req.GetBody = nil
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return charge{}, err

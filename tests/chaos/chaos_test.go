@@ -1,0 +1,133 @@
+// Package chaos_test runs the fault-injection suite (scripts/chaos.sh) in a
+// smoke configuration: a few hundred events, two consumer processes per
+// mode, a kill, a database connection cut and a restart each. The test
+// binary plays every part: it re-executes itself as the broker and the
+// consumers, so under -race the consumers are checked for data races too.
+package chaos_test
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/broker"
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/consumer"
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/driver"
+)
+
+// roleEnv tells a re-executed test binary which program to be.
+const roleEnv = "INBOXMILL_CHAOS_ROLE"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(roleEnv) {
+	case "broker":
+		broker.Run()
+	case "consumer":
+		consumer.Run()
+	}
+	os.Exit(m.Run())
+}
+
+var chaosLine = regexp.MustCompile(`^CHAOS events=(\d+) effects=(\d+) duplicated_effects=0 lost=0 conflicts_routed=(\d+) kills=(\d+) seed=7$`)
+
+func TestSmoke(t *testing.T) {
+	testdb.Open(t, testdb.PostgresPGX) // skips, or fails with CI set, when PostgreSQL does not answer
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	logs := t.TempDir()
+	var out syncBuffer
+	cfg := driver.Config{
+		Seed: 7, Events: 240, Consumers: 2, Kills: 1, DBKills: 1, Restarts: 1,
+		SelfKillShare: 0.4, DieAfter: [2]int{5, 25}, Parallel: true,
+		DSN: testdb.PostgresDSN(), Deadline: 50 * time.Second, Stall: 30 * time.Second,
+		LogDir: logs, Out: &out,
+		Command: func(role string, args ...string) *exec.Cmd {
+			cmd := exec.Command(exe, args...)
+			cmd.Env = append(os.Environ(), roleEnv+"="+role)
+			return cmd
+		},
+	}
+	tot, err := driver.Run(t.Context(), cfg)
+	report := out.String()
+	t.Log("\n" + report)
+	if err != nil || t.Failed() {
+		dumpLogs(t, logs)
+	}
+	require.NoError(t, err)
+
+	lines := strings.Split(strings.TrimRight(report, "\n"), "\n")
+	require.Regexp(t, chaosLine, lines[len(lines)-1], "the last line")
+	require.Equal(t, 240, tot.Events)
+	require.Equal(t, tot.Events, tot.Effects)
+	require.Positive(t, tot.ConflictsRouted)
+	require.GreaterOrEqual(t, tot.Kills, 3, "each mode's consumers were killed at least once")
+	for _, mode := range []string{"kafka-transactional", "kafka-reserve", "sql-queue"} {
+		require.Contains(t, report, "MODE "+mode+" ")
+	}
+	requireNoRace(t, logs)
+}
+
+// requireNoRace fails when a consumer or the broker reported a data race
+// (they are this test binary, built with -race or not).
+func requireNoRace(t *testing.T, dir string) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	require.NoError(t, err)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		require.NotContains(t, string(b), "DATA RACE", "%s:\n%s", filepath.Base(f), b)
+	}
+}
+
+// dumpLogs shows the end of every process's log.
+func dumpLogs(t *testing.T, dir string) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			continue
+		}
+		var tail []string
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			tail = append(tail, sc.Text())
+			if len(tail) > 30 {
+				tail = tail[1:]
+			}
+		}
+		fh.Close()
+		if len(tail) > 0 {
+			t.Logf("%s:\n%s", filepath.Base(f), strings.Join(tail, "\n"))
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the driver's concurrent modes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

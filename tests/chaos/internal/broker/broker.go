@@ -1,0 +1,69 @@
+// Package broker is the chaos suite's Kafka: a one-broker kfake cluster
+// (github.com/twmb/franz-go/pkg/kfake) in a process of its own, listening on
+// 127.0.0.1, so that killing consumers never touches the broker's state.
+package broker
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Main runs the broker until SIGTERM or SIGINT, or, with -lifeline, until
+// stdin reaches EOF (the driver is gone). It prints "LISTEN <host:port>" once it accepts
+// connections, and returns the exit code.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	partitions := fs.Int("partitions", 8, "partitions of every seeded topic")
+	topics := fs.String("topics", "", "comma-separated topics to create")
+	port := fs.Int("port", 0, "port on 127.0.0.1 (0: any free port)")
+	lifeline := fs.Bool("lifeline", false, "stop when stdin reaches EOF (the process that started this one is gone)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	opts := []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.Ports(*port),
+		// Lets the consumers' two-second sessions through: a member that
+		// died is evicted, and its partitions reassigned, within seconds.
+		kfake.GroupMinSessionTimeout(500 * time.Millisecond),
+	}
+	if *topics != "" {
+		opts = append(opts, kfake.SeedTopics(int32(*partitions), strings.Split(*topics, ",")...))
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		fmt.Fprintln(stderr, "broker:", err)
+		return 1
+	}
+	defer c.Close()
+	fmt.Fprintln(stdout, "LISTEN", c.ListenAddrs()[0])
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	orphaned := make(chan struct{})
+	if *lifeline {
+		go func() {
+			_, _ = io.Copy(io.Discard, stdin)
+			close(orphaned)
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case <-orphaned:
+		fmt.Fprintln(stderr, "broker: stdin closed (driver gone); stopping")
+	}
+	return 0
+}
+
+// Run is main for cmd programs.
+func Run() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }

@@ -1,0 +1,319 @@
+// Package consumer is one chaos consumer process: a Watermill router with
+// the poison queue and the dedup middleware in front of a handler whose
+// effect the driver counts afterwards. The driver starts several, kills them
+// (or tells them to kill themselves at a chosen point), cuts their database
+// connections and restarts them.
+package consumer
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
+)
+
+// Timings of reserve mode. The lease is long compared with a charge (a few
+// milliseconds): a worker frozen by a loaded machine must not lose its lease
+// between asking the provider and charging, or a takeover charges too.
+const (
+	lease             = 5 * time.Second
+	heartbeat         = time.Second
+	inFlightWait      = time.Second
+	chargeTimeout     = 500 * time.Millisecond
+	lookupTimeout     = 2 * time.Second
+	reconcileInterval = 250 * time.Millisecond
+	// staleAfter is when the reconciler takes over a processing record
+	// whose lease expired and that no redelivery took over.
+	staleAfter = 3 * lease / 2
+)
+
+type config struct {
+	mode, dsn, app, name                string
+	brokers, topic, group, poisonTopic  string
+	inboxTable, effectsTable, provider  string
+	dieAt                               string
+	dieAfter, pool                      int
+	lifeline, verbose                   bool
+	ackDeadline, sqlPoll, closeDeadline time.Duration
+}
+
+func parse(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.mode, "mode", "", "one of "+strings.Join(wire.Modes, ", "))
+	fs.StringVar(&c.dsn, "dsn", "", "PostgreSQL DSN")
+	fs.StringVar(&c.app, "app", "", "PostgreSQL application_name of this process's connections")
+	fs.StringVar(&c.name, "name", "consumer", "name written with every effect")
+	fs.StringVar(&c.brokers, "brokers", "", "Kafka brokers, comma-separated (Kafka modes; the poison topic in every mode)")
+	fs.StringVar(&c.topic, "topic", "", "topic to consume (a watermill-sql topic in sql-queue mode)")
+	fs.StringVar(&c.group, "group", "", "Kafka consumer group")
+	fs.StringVar(&c.poisonTopic, "poison-topic", "", "Kafka topic for refused messages")
+	fs.StringVar(&c.inboxTable, "inbox-table", "", "inbox table (migrated by the driver)")
+	fs.StringVar(&c.effectsTable, "effects-table", "", "business table (transactional modes)")
+	fs.StringVar(&c.provider, "provider", "", "payment provider base URL (kafka-reserve)")
+	fs.StringVar(&c.dieAt, "die-at", "", "kill this process (SIGKILL) at this point: "+strings.Join(wire.Points, ", "))
+	fs.IntVar(&c.dieAfter, "die-after", 1, "... the n-th time a delivery reaches it")
+	fs.IntVar(&c.pool, "pool", 4, "maximum open database connections")
+	fs.BoolVar(&c.lifeline, "lifeline", false, "stop when stdin reaches EOF (the driver is gone)")
+	fs.BoolVar(&c.verbose, "v", false, "log what Watermill and inboxmill do, to stderr")
+	fs.DurationVar(&c.ackDeadline, "ack-deadline", 5*time.Second, "sql-queue: watermill-sql's AckDeadline")
+	fs.DurationVar(&c.sqlPoll, "sql-poll", 20*time.Millisecond, "sql-queue: poll interval of an empty queue")
+	fs.DurationVar(&c.closeDeadline, "close-timeout", 30*time.Second,
+		"how long a SIGTERM waits for the router to close (longer than the group's rebalance timeout)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	var errs []error
+	switch c.mode {
+	case wire.KafkaTx, wire.KafkaReserve, wire.SQLQueue:
+	default:
+		errs = append(errs, fmt.Errorf("-mode %q is not one of %s", c.mode, strings.Join(wire.Modes, ", ")))
+	}
+	for _, f := range []struct{ name, v string }{{"dsn", c.dsn}, {"app", c.app}, {"brokers", c.brokers},
+		{"topic", c.topic}, {"poison-topic", c.poisonTopic}, {"inbox-table", c.inboxTable}} {
+		if f.v == "" {
+			errs = append(errs, fmt.Errorf("-%s is required", f.name))
+		}
+	}
+	if c.mode != wire.SQLQueue && c.group == "" {
+		errs = append(errs, errors.New("-group is required in Kafka modes"))
+	}
+	if c.mode == wire.KafkaReserve && c.provider == "" {
+		errs = append(errs, errors.New("-provider is required in kafka-reserve mode"))
+	}
+	if c.mode != wire.KafkaReserve && c.effectsTable == "" {
+		errs = append(errs, errors.New("-effects-table is required in transactional modes"))
+	}
+	if c.dieAt != "" && (!wire.ValidPoint(c.dieAt) || c.dieAfter < 1) {
+		errs = append(errs, fmt.Errorf("-die-at %q -die-after %d: want one of %s and a positive count",
+			c.dieAt, c.dieAfter, strings.Join(wire.Points, ", ")))
+	}
+	return c, errors.Join(errs...)
+}
+
+// Main runs a consumer until SIGTERM or SIGINT (or, with -lifeline, until
+// stdin reaches EOF), then closes the router, waiting for the deliveries in
+// progress, and returns 0. It prints the wire.Line* lines on stdout.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cfg, err := parse(args, stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "consumer:", err)
+		}
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if cfg.lifeline {
+		go func() {
+			_, _ = io.Copy(io.Discard, stdin)
+			stop()
+		}()
+	}
+	out := &lines{w: stdout}
+	if err := run(ctx, cfg, out, stderr); err != nil {
+		fmt.Fprintf(stderr, "consumer %s: %v\n", cfg.name, err)
+		return 1
+	}
+	out.println(wire.LineBye)
+	return 0
+}
+
+// Run is main for cmd programs.
+func Run() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
+// lines writes whole lines to the driver, one writer at a time.
+type lines struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lines) println(a ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintln(l.w, a...)
+}
+
+func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
+	logger := watermill.LoggerAdapter(watermill.NopLogger{})
+	if cfg.verbose {
+		logger = watermill.NewStdLoggerWithOut(stderr, true, false)
+		sarama.Logger = log.New(stderr, "[sarama] ", log.LstdFlags|log.Lmicroseconds)
+	}
+	dsn, err := wire.WithApplicationName(cfg.dsn, cfg.app)
+	if err != nil {
+		return err
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(cfg.pool)
+	db.SetMaxIdleConns(cfg.pool)
+	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: cfg.inboxTable})
+	if err != nil {
+		return err
+	}
+
+	brokers := strings.Split(cfg.brokers, ",")
+	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
+	pubCfg.Version = wire.KafkaVersion
+	pubCfg.ClientID = cfg.app
+	pubCfg.Metadata.Retry.Backoff = 100 * time.Millisecond
+	poisonPub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: brokers, Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: pubCfg,
+	}, logger)
+	if err != nil {
+		return fmt.Errorf("poison publisher: %w", err)
+	}
+	defer poisonPub.Close()
+	poison, err := middleware.PoisonQueueWithFilter(poisonPub, cfg.poisonTopic, dedup.IsPoison)
+	if err != nil {
+		return err
+	}
+
+	dcfg := dedup.Config{
+		Key:          dedup.KeyFromMetadata(wire.MetaEventID),
+		Scope:        dedup.ScopeFromMetadata(wire.MetaTenant),
+		IgnoreFields: []string{"sent_at"}, // a producer retry re-stamps it
+		Logger:       logger,
+	}
+	var (
+		sub message.Subscriber
+		h   message.NoPublishHandlerFunc
+	)
+	ks := &killSwitch{point: cfg.dieAt, after: int64(cfg.dieAfter), out: out}
+	switch cfg.mode {
+	case wire.KafkaTx, wire.KafkaReserve:
+		sub, err = kafka.NewSubscriber(kafka.SubscriberConfig{
+			Brokers:               brokers,
+			Unmarshaler:           kafka.DefaultMarshaler{},
+			ConsumerGroup:         cfg.group,
+			OverwriteSaramaConfig: wire.SaramaConfig(cfg.app),
+			NackResendSleep:       20 * time.Millisecond,
+			ReconnectRetrySleep:   200 * time.Millisecond,
+		}, logger)
+	case wire.SQLQueue:
+		// SubscribeBatchSize 1: the queue acks everything it fetched in one
+		// transaction. A short AckDeadline: when the consuming transaction's
+		// connection is cut mid-handler, the subscriber resends the nacked
+		// message into the dead transaction (the middleware refuses each
+		// time, ErrConsumingTxAborted) until the deadline, 30 s by default,
+		// ends it; only then does a new transaction fetch the message again.
+		sub, err = wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+			SchemaAdapter:  wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1},
+			OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{},
+			AckDeadline:    &cfg.ackDeadline,
+			PollInterval:   cfg.sqlPoll,
+			ResendInterval: 20 * time.Millisecond,
+			RetryInterval:  50 * time.Millisecond,
+		}, logger)
+		dcfg.JoinTx = dedup.WatermillSQLTx
+	}
+	if err != nil {
+		return fmt.Errorf("subscriber: %w", err)
+	}
+
+	if cfg.mode == wire.KafkaReserve {
+		dcfg.Mode = dedup.ModeReserve
+		dcfg.Lease, dcfg.HeartbeatInterval = lease, heartbeat
+		dcfg.InFlightWait, dcfg.InFlightPoll = inFlightWait, 50*time.Millisecond
+		api := newProviderClient(cfg.provider)
+		h = chargeHandler(api, ks)
+		rec, err := handlers.NewReconciler(store, handlers.ReconcilerConfig{
+			Resolve:    resolver(api),
+			Interval:   reconcileInterval,
+			StaleAfter: staleAfter,
+			Lease:      lease,
+			Logger:     logger,
+		})
+		if err != nil {
+			return err
+		}
+		if err := rec.Start(); err != nil {
+			return err
+		}
+		defer rec.Close()
+	} else {
+		h = effectHandler(cfg.effectsTable, cfg.name, ks)
+	}
+	d, err := dedup.New(store, dcfg)
+	if err != nil {
+		return err
+	}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.closeDeadline}, logger)
+	if err != nil {
+		return err
+	}
+	// Outermost the poison queue (a conflicting payload is published to the
+	// poison topic and acked), then the kill points around the middleware.
+	router.AddMiddleware(poison, ks.middleware, d.Middleware)
+	router.AddConsumerHandler(wire.Operation, cfg.topic, sub, h)
+
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(context.Background()) }()
+	select {
+	case <-router.Running():
+	case err := <-routerDone:
+		return fmt.Errorf("router: %w", err)
+	case <-ctx.Done():
+		_ = router.Close()
+		return nil
+	}
+	out.println(wire.LineReady)
+
+	report := func() {
+		s := d.Stats()
+		out.println(wire.LineStats, wire.Stats{Executed: s.Executed, Duplicates: s.Duplicates, Conflicts: s.Conflicts,
+			InFlight: s.InFlight, Retries: s.Retries, Pending: s.Pending, Takeovers: s.Takeovers}.String())
+	}
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-tick.C:
+			report()
+		case err := <-routerDone:
+			return fmt.Errorf("router stopped on its own: %v", err)
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	if err := router.Close(); err != nil {
+		// Show what the router was still waiting for.
+		_ = pprof.Lookup("goroutine").WriteTo(stderr, 2)
+		return fmt.Errorf("close router: %w", err)
+	}
+	if err := <-routerDone; err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	report()
+	return nil
+}

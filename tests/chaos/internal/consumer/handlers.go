@@ -1,0 +1,241 @@
+package consumer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
+)
+
+// effectHandler writes the event's effect, one row, in the middleware's
+// transaction (its own, or the SQL queue's consuming one). The table has
+// no unique constraint: an effect that happened twice is a second row.
+func effectHandler(table, name string, ks *killSwitch) message.NoPublishHandlerFunc {
+	insert := `INSERT INTO ` + table + ` (event_id, amount, consumer) VALUES ($1, $2, $3)`
+	return func(msg *message.Message) error {
+		ctx := msg.Context()
+		tx, ok := dedup.TxFromContext(ctx)
+		if !ok {
+			return errors.New("no transaction in the message's context")
+		}
+		var ev wire.Event
+		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
+			return dedup.Permanent(err)
+		}
+		ranHandler(ctx)
+		ks.at(wire.AfterClaim)
+		if _, err := tx.ExecContext(ctx, insert, ev.EventID, ev.Amount, name); err != nil {
+			return err
+		}
+		ks.at(wire.MidHandler)
+		return nil
+	}
+}
+
+// chargeHandler charges the event's amount at the provider, which does not
+// deduplicate: the handler sends the claim's idempotency key, asks first when
+// an earlier attempt may have charged, and reports a timeout as uncertain.
+func chargeHandler(api *providerClient, ks *killSwitch) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		ctx := msg.Context()
+		claim, ok := dedup.ClaimFromContext(ctx)
+		if !ok {
+			return errors.New("no claim in the message's context")
+		}
+		var ev wire.Event
+		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
+			return dedup.Permanent(err)
+		}
+		ranHandler(ctx)
+		ks.at(wire.AfterClaim)
+		if claim.Attempt > 1 {
+			// An earlier attempt may have charged before its worker died or
+			// lost the answer.
+			found, err := api.find(ctx, claim.IdempotencyKey)
+			if err != nil {
+				return err
+			}
+			if len(found) > 0 {
+				return nil
+			}
+		}
+		err := api.charge(ctx, claim.IdempotencyKey, ev)
+		var ne net.Error
+		switch {
+		case err == nil:
+		case errors.Is(err, errUnavailable):
+			return err // refused before charging: released, retried at once
+		case ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+			// The request left and no answer came: it may have charged.
+			// Never retry blindly; the reconciler asks the provider.
+			return dedup.Uncertain(err, claim.IdempotencyKey)
+		default:
+			// The connection broke: released, and the next attempt (Attempt
+			// > 1) asks the provider before charging.
+			return err
+		}
+		ks.at(wire.MidHandler)
+		return nil
+	}
+}
+
+// resolver is the reconciler's question to the provider: was this intent
+// charged? The provider refuses requests that arrive after their client gave
+// up, so "no charge" after the handler recorded its outcome is final.
+func resolver(api *providerClient) handlers.ResolveFunc {
+	return func(ctx context.Context, rec *inbox.Record) (handlers.Resolution, error) {
+		found, err := api.find(ctx, dedup.IdempotencyKeyOf(rec))
+		switch {
+		case err != nil:
+			return handlers.Resolution{}, err
+		case len(found) > 0:
+			return handlers.Resolution{Verdict: handlers.Succeeded, ExternalRef: found[0].ID}, nil
+		default:
+			return handlers.Resolution{Verdict: handlers.NotHappened}, nil
+		}
+	}
+}
+
+// killSwitch kills the process the after-th time a delivery reaches point.
+type killSwitch struct {
+	point string
+	after int64
+	n     atomic.Int64
+	out   *lines
+}
+
+func (k *killSwitch) at(point string) {
+	if k.point != point || k.n.Add(1) != k.after {
+		return
+	}
+	k.out.println(wire.LineDie, point)
+	self, err := os.FindProcess(os.Getpid())
+	if err == nil {
+		err = self.Kill() // SIGKILL: no deferred function, no goodbye to the broker or the database
+	}
+	if err != nil {
+		panic(fmt.Sprintf("kill self at %s: %v", point, err))
+	}
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+type ranKey struct{}
+
+// ranHandler notes that the handler ran for this delivery, for AfterCommit.
+func ranHandler(ctx context.Context) {
+	if ran, ok := ctx.Value(ranKey{}).(*atomic.Bool); ok {
+		ran.Store(true)
+	}
+}
+
+// middleware sits between the poison queue and the dedup middleware: it
+// holds the BeforeClaim point and, when the dedup middleware returns success
+// for a delivery that ran the handler, the AfterCommit point.
+func (k *killSwitch) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		k.at(wire.BeforeClaim)
+		ctx := msg.Context()
+		ran := new(atomic.Bool)
+		msg.SetContext(context.WithValue(ctx, ranKey{}, ran))
+		out, err := h(msg)
+		msg.SetContext(ctx)
+		if err == nil && ran.Load() {
+			k.at(wire.AfterCommit)
+		}
+		return out, err
+	}
+}
+
+var errUnavailable = errors.New("provider refused the charge (nothing charged)")
+
+// providerClient is the consumer's side of the fake payment provider.
+type providerClient struct {
+	base string
+	http *http.Client
+}
+
+func newProviderClient(base string) *providerClient {
+	return &providerClient{base: base, http: &http.Client{Transport: &http.Transport{
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     30 * time.Second,
+	}}}
+}
+
+// charge asks for one charge and gives up after chargeTimeout; the deadline
+// travels with the request so that the provider never charges after it.
+func (c *providerClient) charge(ctx context.Context, key string, ev wire.Event) error {
+	deadline := time.Now().Add(chargeTimeout)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	body, err := json.Marshal(wire.ChargeRequest{EventID: ev.EventID, Amount: ev.Amount})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+wire.ChargesPath, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	// Not replayable: with an Idempotency-Key header and a rewindable body,
+	// net/http resends a POST by itself when a reused connection closes
+	// before the answer, which a provider that does not deduplicate turns
+	// into a second charge. Whether to try again is the middleware's call.
+	req.GetBody = nil
+	req.Header.Set(wire.HeaderIdempotencyKey, key)
+	req.Header.Set(wire.HeaderDeadline, strconv.FormatInt(deadline.UnixNano(), 10))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	switch {
+	case err != nil:
+		return err
+	case resp.StatusCode == http.StatusOK:
+		return nil
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		return fmt.Errorf("%w: HTTP %d", errUnavailable, resp.StatusCode)
+	default:
+		return fmt.Errorf("charge: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+	}
+}
+
+// find lists the charges made with an idempotency key.
+func (c *providerClient) find(ctx context.Context, key string) ([]wire.Charge, error) {
+	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
+		c.base+wire.ChargesPath+"?idempotency_key="+url.QueryEscape(key), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("lookup: HTTP %d", resp.StatusCode)
+	}
+	var found []wire.Charge
+	return found, json.NewDecoder(resp.Body).Decode(&found)
+}

@@ -1,0 +1,239 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
+)
+
+// result is what the end-of-mode check found.
+type result struct {
+	events, messages   int
+	byKind             [4]int
+	effects            int
+	duplicated, lost   int
+	wrongPayload       int // effects made with a payload other than the event's first
+	unknown            int // effects of events never published
+	conflicts          int // conflicting payloads published (distinct events)
+	conflictsRouted    int // of those, distinct events found on the poison topic with the conflicting payload
+	poisonMessages     int
+	unexpectedPoison   int // poison messages for events without a conflicting payload
+	refusedOriginals   int // poison messages carrying an event's first payload
+	records            int
+	unfinished         int // inbox records not completed
+	retried            int // inbox records at attempt > 1 (reserve mode: taken over)
+	doubleCharged      int
+	faults             providerFaults
+	stats              wire.Stats
+	checkErr           error
+	publishedEventIDs  map[string]bool
+	publishedConflicts map[string]bool
+}
+
+// check counts, for every event published, its effects in the business
+// table (or the provider's ledger), its inbox record and what reached the
+// poison topic, and records a failure for anything that is not exactly one
+// effect with the event's first payload.
+func (m *modeRun) check(ctx context.Context) {
+	res := &m.res
+	res.publishedEventIDs = map[string]bool{}
+	res.publishedConflicts = map[string]bool{}
+	for _, chunk := range m.st.chunks[:m.nextChunk] {
+		for _, sm := range chunk {
+			res.messages++
+			res.byKind[sm.kind]++
+			switch sm.kind {
+			case kindOriginal:
+				res.publishedEventIDs[sm.ev.id] = true
+			case kindConflict:
+				res.publishedConflicts[sm.ev.id] = true
+			}
+		}
+	}
+	res.events = len(res.publishedEventIDs)
+	res.conflicts = len(res.publishedConflicts)
+	res.stats = m.sumStats()
+	if err := m.checkEffects(ctx); err != nil {
+		res.checkErr = err
+		m.fail("reading the effects: %v", err)
+	}
+	if err := m.checkInbox(ctx); err != nil {
+		m.fail("reading the inbox: %v", err)
+	}
+	if err := m.checkPoison(ctx); err != nil {
+		m.fail("reading the poison topic: %v", err)
+	}
+
+	if res.duplicated > 0 {
+		m.fail("%d duplicated effects: events whose effect happened more than once", res.duplicated)
+	}
+	if res.lost > 0 {
+		m.fail("%d events lost: published, no effect", res.lost)
+	}
+	if res.wrongPayload > 0 {
+		m.fail("%d effects made with a conflicting payload instead of the event's first", res.wrongPayload)
+	}
+	if res.unknown > 0 {
+		m.fail("%d effects of events that were never published", res.unknown)
+	}
+	if res.conflictsRouted != res.conflicts {
+		m.fail("%d conflicting payloads published, %d found refused on the poison topic", res.conflicts, res.conflictsRouted)
+	}
+	if res.unexpectedPoison > 0 || res.refusedOriginals > 0 {
+		m.fail("poison topic: %d messages of events without a conflict, %d first payloads refused",
+			res.unexpectedPoison, res.refusedOriginals)
+	}
+	if res.unfinished > 0 || (res.checkErr == nil && res.records != res.events) {
+		m.fail("inbox: %d records for %d events, %d not completed", res.records, res.events, res.unfinished)
+	}
+	if res.doubleCharged > 0 {
+		m.fail("the provider charged %d intents more than once", res.doubleCharged)
+	}
+}
+
+func (m *modeRun) checkEffects(ctx context.Context) error {
+	res := &m.res
+	type row struct {
+		id     string
+		amount int
+		n      int
+	}
+	var rows []row
+	if m.prov != nil {
+		charges, doubles, faults := m.prov.ledger()
+		res.doubleCharged, res.faults = doubles, faults
+		for _, c := range charges {
+			rows = append(rows, row{c.EventID, c.Amount, 1})
+		}
+	} else {
+		q, err := m.r.db.QueryContext(ctx, `SELECT event_id, amount, count(*) FROM `+m.effectsTable+` GROUP BY event_id, amount`)
+		if err != nil {
+			return err
+		}
+		defer q.Close()
+		for q.Next() {
+			var r row
+			if err := q.Scan(&r.id, &r.amount, &r.n); err != nil {
+				return err
+			}
+			rows = append(rows, r)
+		}
+		if err := q.Err(); err != nil {
+			return err
+		}
+	}
+	counts := map[string]int{}
+	for _, r := range rows {
+		res.effects += r.n
+		ev := m.st.byID[r.id]
+		if ev == nil || !res.publishedEventIDs[r.id] {
+			res.unknown += r.n
+			continue
+		}
+		counts[r.id] += r.n
+		if r.amount != ev.amount {
+			res.wrongPayload += r.n
+		}
+	}
+	for id := range res.publishedEventIDs {
+		switch c := counts[id]; {
+		case c == 0:
+			res.lost++
+		case c > 1:
+			res.duplicated += c - 1
+		}
+	}
+	return nil
+}
+
+func (m *modeRun) checkInbox(ctx context.Context) error {
+	res := &m.res
+	q, err := m.r.db.QueryContext(ctx, `SELECT status, count(*), count(*) FILTER (WHERE attempt > 1) FROM `+
+		m.inboxTable+` GROUP BY status`)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	for q.Next() {
+		var (
+			status     string
+			n, retaken int
+		)
+		if err := q.Scan(&status, &n, &retaken); err != nil {
+			return err
+		}
+		res.records += n
+		res.retried += retaken
+		if status != "completed" {
+			res.unfinished += n
+		}
+	}
+	return q.Err()
+}
+
+func (m *modeRun) checkPoison(ctx context.Context) error {
+	res := &m.res
+	msgs, err := m.kafka.readAll(ctx, m.poisonTopic)
+	if err != nil {
+		return err
+	}
+	routed := map[string]bool{}
+	for _, pm := range msgs {
+		res.poisonMessages++
+		id := header(pm, wire.MetaEventID)
+		var ev wire.Event
+		_ = json.Unmarshal(pm.Value, &ev)
+		other, conflicting := m.st.conflicts[id]
+		switch {
+		case !conflicting || !res.publishedConflicts[id]:
+			res.unexpectedPoison++
+		case ev.Amount != other:
+			res.refusedOriginals++
+		default:
+			routed[id] = true
+		}
+	}
+	res.conflictsRouted = len(routed)
+	return nil
+}
+
+// report prints the mode's summary lines.
+func (m *modeRun) report() {
+	res := m.res
+	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d took=%v",
+		m.mode, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,
+		m.kills(), time.Since(m.started).Round(100*time.Millisecond))
+	replay := fmt.Sprintf("a second consumer group from the oldest offset (%d consumers, started halfway)", m.replaySlots())
+	if !m.isKafka() {
+		replay = fmt.Sprintf("%d acked messages marked unacked halfway", m.replayed)
+	}
+	m.r.printf("  %s: stream: %d first deliveries, %d producer retries, %d republished later, %d conflicting; replay: %s",
+		m.mode, res.byKind[kindOriginal], res.byKind[kindRetry], res.byKind[kindLater], res.byKind[kindConflict], replay)
+	var self []string
+	for _, p := range wire.Points {
+		self = append(self, fmt.Sprintf("%s=%d", p, m.selfKills[p]))
+	}
+	m.r.printf("  %s: faults: SIGKILL by the driver %d, by the consumer itself %s; db connection kills %d (%d connections); graceful restarts %d; %d consumer processes in all",
+		m.mode, m.driverKills, strings.Join(self, " "), m.dbKills, m.dbConns, m.restarts, len(m.all))
+	m.r.printf("  %s: deliveries (as last reported by each process): %s; poison messages %d; inbox records %d (%d at attempt > 1)",
+		m.mode, res.stats, res.poisonMessages, res.records, res.retried)
+	if m.prov != nil {
+		f := res.faults
+		m.r.printf("  %s: provider: charges=%d double_charges=%d; unavailable=%d slow_before_charging=%d slow_after_charging=%d hung_up_after_charging=%d refused_late=%d lookup_failures=%d",
+			m.mode, res.effects, res.doubleCharged, f.unavailable, f.slowBefore, f.slowAfter, f.hangups, f.late, f.lookupFailures)
+	}
+}
+
+func (m *modeRun) replaySlots() int {
+	n := 0
+	for _, s := range m.slots {
+		if s.group == m.replayGrp {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,315 @@
+// Package driver is the chaos suite's conductor. It starts a Kafka-protocol
+// broker (kfake) as a process of its own, publishes streams of business
+// events full of duplicates and some conflicting payloads, runs consumer
+// processes that use inboxmill against PostgreSQL, and while they work kills
+// them (SIGKILL from outside, or at a chosen point from inside), cuts their
+// database connections and restarts them. At the end it counts every
+// event's effects: exactly one each, none missing, every conflicting
+// payload refused and on the poison topic.
+//
+// Three modes run, each with its own tables, topics and consumers:
+// kafka-transactional, kafka-reserve (reserve/complete against a fake
+// payment provider that does not deduplicate) and sql-queue (watermill-sql's
+// PostgreSQL queue, joined to the consuming transaction).
+package driver
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
+)
+
+// DefaultDSN is the PostgreSQL the suite uses unless INBOXMILL_POSTGRES_DSN
+// or -dsn says otherwise.
+const DefaultDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// Config is one run. Counts of consumers and faults are per mode.
+type Config struct {
+	// Seed drives the stream, the fault plan and the provider's dice.
+	Seed uint64
+	// Events is the number of distinct business events, split across the
+	// modes: half to kafka-transactional, a quarter to each other mode.
+	Events int
+	// Consumers is the number of consumer processes per mode; in the Kafka
+	// modes a quarter of them (at least one) form a second consumer group
+	// that starts halfway and replays the topic from the oldest offset.
+	Consumers int
+	// Kills is the number of SIGKILLs the driver sends per mode, at random
+	// points of progress, to random consumers.
+	Kills int
+	// DBKills is the number of times per mode the driver terminates
+	// consumers' database connections (pg_terminate_backend).
+	DBKills int
+	// Restarts is the number of graceful restarts (SIGTERM, then a new
+	// process) per mode.
+	Restarts int
+	// SelfKillShare is the share of consumer starts told to kill themselves
+	// at a kill point after DieAfter[0] to DieAfter[1] deliveries reach it.
+	SelfKillShare float64
+	DieAfter      [2]int
+	// Modes to run; nil runs all.
+	Modes []string
+	// Parallel runs the modes at the same time instead of one by one.
+	Parallel bool
+	// DSN is the PostgreSQL of the inbox and the business tables.
+	DSN string
+	// Deadline bounds the whole run; Stall fails a mode that makes no
+	// progress for that long.
+	Deadline, Stall time.Duration
+	// Keep keeps the tables (and the logs) instead of dropping them.
+	Keep bool
+	// Verbose makes the consumers log to their log files.
+	Verbose bool
+	// LogDir receives one log file per process; empty: a new temporary
+	// directory, removed after a successful run unless Keep.
+	LogDir string
+	// Command builds the command that runs a "broker" or a "consumer" with
+	// the given arguments.
+	Command func(role string, args ...string) *exec.Cmd
+	// Out receives the report; its last line is the CHAOS line.
+	Out io.Writer
+}
+
+// Quick is the configuration of `scripts/chaos.sh --quick`: a few thousand
+// events, three consumers per mode, modes in parallel, done well within
+// three minutes on two cores.
+func Quick() Config {
+	return Config{Events: 3000, Consumers: 3, Kills: 4, DBKills: 2, Restarts: 1, SelfKillShare: 0.5,
+		DieAfter: [2]int{5, 60}, Parallel: true, Deadline: 150 * time.Second, Stall: 60 * time.Second}
+}
+
+// Full is the default configuration: 100,000 events, eight consumers per
+// mode, 20 SIGKILLs per mode from the driver plus the consumers' own.
+func Full() Config {
+	return Config{Events: 100_000, Consumers: 8, Kills: 20, DBKills: 6, Restarts: 3, SelfKillShare: 0.5,
+		DieAfter: [2]int{20, 600}, Deadline: 45 * time.Minute, Stall: 3 * time.Minute}
+}
+
+// modeShare is each mode's share of Config.Events.
+var modeShare = map[string]float64{wire.KafkaTx: 0.5, wire.KafkaReserve: 0.25, wire.SQLQueue: 0.25}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Events < 10 {
+		errs = append(errs, fmt.Errorf("events %d: want at least 10", c.Events))
+	}
+	if c.Consumers < 1 {
+		errs = append(errs, fmt.Errorf("consumers %d: want at least 1", c.Consumers))
+	}
+	if c.Kills < 0 || c.DBKills < 0 || c.Restarts < 0 {
+		errs = append(errs, errors.New("kills, db-kills and restarts must not be negative"))
+	}
+	if c.SelfKillShare < 0 || c.SelfKillShare > 1 || c.DieAfter[0] < 1 || c.DieAfter[1] < c.DieAfter[0] {
+		errs = append(errs, fmt.Errorf("self-kill share %v, die after %v: want a share in [0, 1] and 1 <= lo <= hi",
+			c.SelfKillShare, c.DieAfter))
+	}
+	for _, m := range c.Modes {
+		if _, ok := modeShare[m]; !ok {
+			errs = append(errs, fmt.Errorf("unknown mode %q (want %s)", m, strings.Join(wire.Modes, ", ")))
+		}
+	}
+	if c.DSN == "" || c.Command == nil || c.Out == nil {
+		errs = append(errs, errors.New("DSN, Command and Out are required"))
+	}
+	if c.Deadline <= 0 || c.Stall <= 0 {
+		errs = append(errs, errors.New("deadline and stall must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// Totals are the numbers of the CHAOS line.
+type Totals struct {
+	Events, Effects, DuplicatedEffects, Lost, ConflictsRouted, Kills int
+	Seed                                                             uint64
+}
+
+func (t Totals) String() string {
+	return fmt.Sprintf("CHAOS events=%d effects=%d duplicated_effects=%d lost=%d conflicts_routed=%d kills=%d seed=%d",
+		t.Events, t.Effects, t.DuplicatedEffects, t.Lost, t.ConflictsRouted, t.Kills, t.Seed)
+}
+
+var (
+	errDeadline    = errors.New("the run's deadline passed")
+	errInterrupted = errors.New("interrupted")
+)
+
+// runner is what the modes of one run share.
+type runner struct {
+	cfg     Config
+	id      string
+	db      *sql.DB
+	brokers []string
+	procs   *procSet
+	logDir  string
+
+	outMu sync.Mutex
+}
+
+func (r *runner) printf(format string, a ...any) {
+	r.outMu.Lock()
+	defer r.outMu.Unlock()
+	fmt.Fprintf(r.cfg.Out, format+"\n", a...)
+}
+
+// Run runs the modes and prints the report, whose last line is the CHAOS
+// line, whatever happens. The error says why the run failed.
+func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
+	tot.Seed = cfg.Seed
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	defer func() { fmt.Fprintln(cfg.Out, tot.String()) }()
+	if err := cfg.validate(); err != nil {
+		fmt.Fprintln(cfg.Out, "chaos: FAIL: invalid configuration:", err)
+		return tot, err
+	}
+	modes := cfg.Modes
+	if len(modes) == 0 {
+		modes = wire.Modes
+	}
+	r := &runner{cfg: cfg, procs: newProcSet()}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	r.id = hex.EncodeToString(b[:])
+	r.printf("chaos: seed=%d run=%s modes=%s events=%d consumers=%d/mode kills=%d/mode db_kills=%d/mode restarts=%d/mode parallel=%t",
+		cfg.Seed, r.id, strings.Join(modes, ","), cfg.Events, cfg.Consumers, cfg.Kills, cfg.DBKills, cfg.Restarts, cfg.Parallel)
+
+	ctx, cancel := context.WithTimeoutCause(ctx, cfg.Deadline, errDeadline)
+	defer cancel()
+	// Nothing outlives the run: consumers and broker are killed however it
+	// ends (they also die with the driver's process, see dieWithParent).
+	defer r.procs.killAll()
+
+	if r.logDir = cfg.LogDir; r.logDir == "" {
+		r.logDir, err = os.MkdirTemp("", "inboxmill-chaos-"+r.id+"-")
+	} else {
+		err = os.MkdirAll(r.logDir, 0o755)
+	}
+	if err != nil {
+		fmt.Fprintln(cfg.Out, "chaos: FAIL: log directory:", err)
+		return tot, err
+	}
+	failed := func(format string, a ...any) (Totals, error) {
+		err := fmt.Errorf(format, a...)
+		r.printf("chaos: FAIL: %v", err)
+		r.printf("chaos: logs in %s", r.logDir)
+		return tot, err
+	}
+
+	dsn, err := wire.WithApplicationName(cfg.DSN, "imc_"+r.id+"_driver")
+	if err != nil {
+		return failed("%v", err)
+	}
+	if r.db, err = sql.Open("pgx", dsn); err != nil {
+		return failed("%v", err)
+	}
+	defer r.db.Close()
+	r.db.SetMaxOpenConns(8)
+	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+	err = r.db.PingContext(pctx)
+	pcancel()
+	if err != nil {
+		return failed("PostgreSQL at %s is unreachable (set INBOXMILL_POSTGRES_DSN or -dsn): %v", cfg.DSN, err)
+	}
+
+	runs := make([]*modeRun, 0, len(modes))
+	var topics []string
+	for _, m := range modes {
+		mr := newModeRun(r, m, int(float64(cfg.Events)*modeShare[m]/totalShare(modes)))
+		runs = append(runs, mr)
+		topics = append(topics, mr.kafkaTopics()...)
+	}
+	broker, err := r.startBroker(ctx, topics)
+	if err != nil {
+		return failed("broker: %v", err)
+	}
+	defer func() {
+		broker.terminate()
+		select {
+		case <-broker.done:
+		case <-time.After(5 * time.Second):
+		}
+	}()
+
+	if cfg.Parallel {
+		var wg sync.WaitGroup
+		for _, mr := range runs {
+			wg.Go(func() { mr.run(ctx) })
+		}
+		wg.Wait()
+	} else {
+		for _, mr := range runs {
+			mr.run(ctx)
+		}
+	}
+
+	var failures []string
+	for _, mr := range runs {
+		res := mr.res
+		tot.Events += res.events
+		tot.Effects += res.effects
+		tot.DuplicatedEffects += res.duplicated
+		tot.Lost += res.lost
+		tot.ConflictsRouted += res.conflictsRouted
+		tot.Kills += mr.kills()
+		for _, f := range mr.failures {
+			failures = append(failures, mr.mode+": "+f)
+		}
+	}
+	if len(failures) > 0 {
+		for _, f := range failures {
+			r.printf("chaos: FAIL: %s", f)
+		}
+		r.printf("chaos: logs in %s; rerun with --seed %d", r.logDir, cfg.Seed)
+		return tot, fmt.Errorf("%d failures, the first: %s", len(failures), failures[0])
+	}
+	if cfg.LogDir == "" && !cfg.Keep {
+		_ = os.RemoveAll(r.logDir)
+	}
+	return tot, nil
+}
+
+func totalShare(modes []string) float64 {
+	var s float64
+	for _, m := range modes {
+		s += modeShare[m]
+	}
+	return s
+}
+
+// brokerPartitions is every Kafka topic's partition count.
+const brokerPartitions = 8
+
+func (r *runner) startBroker(ctx context.Context, topics []string) (*proc, error) {
+	p, err := r.procs.start(r.cfg.Command, "broker", "broker", r.logDir, []string{
+		"-partitions", fmt.Sprint(brokerPartitions), "-topics", strings.Join(topics, ","), "-lifeline"})
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.ready:
+	case <-p.done:
+		return nil, fmt.Errorf("exited before listening (log: %s)", p.logPath)
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("not listening after 30s (log: %s)", p.logPath)
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r.brokers = []string{p.listen}
+	return p, nil
+}

@@ -1,0 +1,170 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
+)
+
+// kafkaConn is the driver's own Kafka client: it produces the stream,
+// watches the groups' committed offsets and reads the poison topic.
+type kafkaConn struct {
+	client   sarama.Client
+	admin    sarama.ClusterAdmin
+	producer sarama.SyncProducer
+}
+
+func dialKafka(brokers []string, clientID string) (*kafkaConn, error) {
+	cfg := wire.SaramaConfig(clientID)
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	// One request in flight: a retried batch can then never overtake the
+	// next, and a conflicting payload never lands before its original.
+	cfg.Net.MaxOpenRequests = 1
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	k := &kafkaConn{client: client}
+	if k.producer, err = sarama.NewSyncProducerFromClient(client); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("kafka producer: %w", err)
+	}
+	if k.admin, err = sarama.NewClusterAdminFromClient(client); err != nil {
+		k.producer.Close()
+		client.Close()
+		return nil, fmt.Errorf("kafka admin: %w", err)
+	}
+	return k, nil
+}
+
+func (k *kafkaConn) close() {
+	_ = k.producer.Close()
+	_ = k.admin.Close() // closes the client too
+}
+
+// produce writes msgs to topic in order, as a producer outside Watermill
+// does: headers, a JSON payload, no Watermill UUID.
+func (k *kafkaConn) produce(topic string, msgs []streamMsg) error {
+	const batch = 500
+	for start := 0; start < len(msgs); start += batch {
+		out := make([]*sarama.ProducerMessage, 0, batch)
+		for _, m := range msgs[start:min(start+batch, len(msgs))] {
+			out = append(out, &sarama.ProducerMessage{
+				Topic: topic, Partition: m.partition, Value: sarama.ByteEncoder(m.payload()),
+				Headers: []sarama.RecordHeader{
+					{Key: []byte(wire.MetaEventID), Value: []byte(m.ev.id)},
+					{Key: []byte(wire.MetaTenant), Value: []byte(m.ev.tenant)},
+				},
+			})
+		}
+		if err := k.producer.SendMessages(out); err != nil {
+			return fmt.Errorf("produce to %s: %w", topic, err)
+		}
+	}
+	return nil
+}
+
+// consumed reports whether group has committed the high-water mark of
+// every partition of topic, and how many messages it has yet to commit.
+func (k *kafkaConn) consumed(group, topic string) (bool, int64, error) {
+	partitions, err := k.client.Partitions(topic)
+	if err != nil {
+		return false, 0, err
+	}
+	committed, err := k.admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: partitions})
+	if errors.Is(err, sarama.ErrGroupIDNotFound) {
+		committed, err = nil, nil // kfake's answer for a group that has not joined yet
+	}
+	if err != nil {
+		return false, 0, err
+	}
+	var behind int64
+	for _, p := range partitions {
+		end, err := k.client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return false, 0, err
+		}
+		var b *sarama.OffsetFetchResponseBlock
+		if committed != nil {
+			b = committed.GetBlock(topic, p)
+		}
+		switch {
+		case committed == nil:
+			behind += end
+		case b == nil:
+			return false, 0, fmt.Errorf("no committed offset block for %s/%d", topic, p)
+		case b.Err != sarama.ErrNoError:
+			return false, 0, b.Err
+		case b.Offset < 0:
+			behind += end // nothing committed yet
+		case b.Offset < end:
+			behind += end - b.Offset
+		}
+	}
+	return behind == 0, behind, nil
+}
+
+// readAll returns every record of topic from the oldest offset to the
+// high-water mark at the time of the call.
+func (k *kafkaConn) readAll(ctx context.Context, topic string) ([]*sarama.ConsumerMessage, error) {
+	consumer, err := sarama.NewConsumerFromClient(k.client)
+	if err != nil {
+		return nil, err
+	}
+	defer consumer.Close()
+	partitions, err := k.client.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	var out []*sarama.ConsumerMessage
+	for _, p := range partitions {
+		oldest, err1 := k.client.GetOffset(topic, p, sarama.OffsetOldest)
+		end, err2 := k.client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, err
+		}
+		if oldest >= end {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, oldest)
+		if err != nil {
+			return nil, err
+		}
+		timeout := time.NewTimer(time.Minute)
+		for done := false; !done; {
+			select {
+			case m := <-pc.Messages():
+				out = append(out, m)
+				done = m.Offset+1 >= end
+			case err := <-pc.Errors():
+				_ = pc.Close()
+				return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
+			case <-timeout.C:
+				_ = pc.Close()
+				return nil, fmt.Errorf("read %s/%d: offset %d not reached after a minute", topic, p, end)
+			case <-ctx.Done():
+				_ = pc.Close()
+				return nil, ctx.Err()
+			}
+		}
+		timeout.Stop()
+		_ = pc.Close()
+	}
+	return out, nil
+}
+
+func header(m *sarama.ConsumerMessage, key string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,132 @@
+package driver
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
+)
+
+// msgKind is why a message is in the stream.
+type msgKind int
+
+const (
+	kindOriginal msgKind = iota // the event, first time
+	kindRetry                   // a producer retry: same event, new message, shortly after
+	kindLater                   // the same event republished much later, on any partition
+	kindConflict                // the event ID reused with another payload
+)
+
+// event is one business event of the stream.
+type event struct {
+	id, tenant string
+	amount     int
+}
+
+// streamMsg is one message to publish.
+type streamMsg struct {
+	ev        *event
+	kind      msgKind
+	amount    int
+	sentAt    time.Time
+	partition int32
+}
+
+func (m streamMsg) payload() []byte {
+	b, _ := json.Marshal(wire.Event{EventID: m.ev.id, Amount: m.amount, SentAt: m.sentAt.Format(time.RFC3339Nano)})
+	return b
+}
+
+// stream is everything one mode publishes, in publishing order, cut into
+// chunks that the driver publishes as the consumers catch up.
+type stream struct {
+	events    []*event
+	byID      map[string]*event
+	conflicts map[string]int // event ID -> the conflicting payload's amount
+	chunks    [][]streamMsg
+	// originals[k] is how many events have their first message in
+	// chunks[0..k].
+	originals []int
+	messages  int
+	counts    [4]int // messages by kind
+}
+
+// Shares of the stream: of every 100 events, 15 get a producer retry and 8
+// are republished later; one in 100 (at least 2) gets a conflicting payload.
+const (
+	retryShare    = 0.15
+	laterShare    = 0.08
+	conflictShare = 0.01
+	maxChunks     = 20
+)
+
+// newStream builds the stream of n events for partitions partitions (1 for
+// a queue). A retry and a conflict go to their event's partition, after it,
+// as a producer keyed by event does: the original is always done when the
+// conflicting payload arrives, so it is the conflicting one that must be
+// refused. A later republication goes to any partition and races the
+// original.
+func newStream(rng *rand.Rand, n int, partitions int32) *stream {
+	s := &stream{byID: map[string]*event{}, conflicts: map[string]int{}}
+	type placed struct {
+		pos float64
+		msg streamMsg
+	}
+	var all []placed
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	home := func(id string) int32 {
+		h := fnv.New32a()
+		h.Write([]byte(id))
+		return int32(h.Sum32() % uint32(partitions))
+	}
+	nConflicts := max(2, int(float64(n)*conflictShare))
+	conflicting := map[int]bool{}
+	for _, i := range rng.Perm(n)[:min(nConflicts, n)] {
+		conflicting[i] = true
+	}
+	for i := range n {
+		ev := &event{id: fmt.Sprintf("evt-%07d", i), tenant: fmt.Sprintf("tenant-%d", i%3), amount: 100 + rng.IntN(900)}
+		s.events = append(s.events, ev)
+		s.byID[ev.id] = ev
+		p := home(ev.id)
+		at := base.Add(time.Duration(i) * time.Millisecond)
+		all = append(all, placed{float64(i), streamMsg{ev: ev, kind: kindOriginal, amount: ev.amount, sentAt: at, partition: p}})
+		if rng.Float64() < retryShare {
+			all = append(all, placed{float64(i) + 0.5 + 20*rng.Float64(),
+				streamMsg{ev: ev, kind: kindRetry, amount: ev.amount, sentAt: at.Add(time.Second), partition: p}})
+		}
+		if rng.Float64() < laterShare {
+			all = append(all, placed{float64(i) + float64(n)/5 + float64(n)/3*rng.Float64(),
+				streamMsg{ev: ev, kind: kindLater, amount: ev.amount, sentAt: at.Add(time.Hour), partition: rng.Int32N(partitions)}})
+		}
+		if conflicting[i] {
+			other := ev.amount + 1 + rng.IntN(99)
+			s.conflicts[ev.id] = other
+			all = append(all, placed{float64(i) + 1 + float64(n)/5*rng.Float64(),
+				streamMsg{ev: ev, kind: kindConflict, amount: other, sentAt: at.Add(time.Minute), partition: p}})
+		}
+	}
+	sort.SliceStable(all, func(a, b int) bool { return all[a].pos < all[b].pos })
+
+	s.messages = len(all)
+	chunks := max(1, min(maxChunks, len(all)/20))
+	seen := 0
+	for k := range chunks {
+		lo, hi := k*len(all)/chunks, (k+1)*len(all)/chunks
+		chunk := make([]streamMsg, 0, hi-lo)
+		for _, pl := range all[lo:hi] {
+			chunk = append(chunk, pl.msg)
+			s.counts[pl.msg.kind]++
+			if pl.msg.kind == kindOriginal {
+				seen++
+			}
+		}
+		s.chunks = append(s.chunks, chunk)
+		s.originals = append(s.originals, seen)
+	}
+	return s
+}

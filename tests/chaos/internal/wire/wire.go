@@ -1,0 +1,186 @@
+// Package wire is what the chaos programs agree on: the modes, the points at
+// which a consumer can be told to kill itself, the events on the topics, the
+// lines a consumer prints for the driver, and the fake payment provider's
+// HTTP API.
+package wire
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// Modes: how a consumer receives events and makes their effect happen.
+const (
+	// KafkaTx: watermill-kafka consumer group, transactional mode; the effect
+	// is a row written in the middleware's transaction.
+	KafkaTx = "kafka-transactional"
+	// KafkaReserve: watermill-kafka consumer group, reserve/complete mode;
+	// the effect is a charge at the fake payment provider.
+	KafkaReserve = "kafka-reserve"
+	// SQLQueue: watermill-sql PostgreSQL queue, transactional mode joined to
+	// the consuming transaction (dedup.WatermillSQLTx).
+	SQLQueue = "sql-queue"
+)
+
+// Modes lists every mode, in the order the driver runs them.
+var Modes = []string{KafkaTx, KafkaReserve, SQLQueue}
+
+// Points at which a consumer can be told to kill itself (SIGKILL).
+const (
+	// BeforeClaim: a delivery arrived; the middleware has not claimed it.
+	BeforeClaim = "before-claim"
+	// AfterClaim: the handler starts; the claim is made (in the open
+	// transaction, or as a committed reservation under a lease).
+	AfterClaim = "after-claim"
+	// MidHandler: the effect is done (the row written in the open
+	// transaction, or the provider charged) and not yet recorded.
+	MidHandler = "mid-handler"
+	// AfterCommit: the middleware committed (or recorded the outcome) and
+	// returned; the router has not acked. For the SQL queue the consuming
+	// transaction, which commits with the ack, is still open.
+	AfterCommit = "after-commit"
+)
+
+// Points lists the kill points.
+var Points = []string{BeforeClaim, AfterClaim, MidHandler, AfterCommit}
+
+// ValidPoint reports whether p is one of Points.
+func ValidPoint(p string) bool {
+	for _, q := range Points {
+		if p == q {
+			return true
+		}
+	}
+	return false
+}
+
+// Metadata of every event message (Kafka headers, watermill-sql metadata).
+const (
+	MetaEventID = "event_id"
+	MetaTenant  = "tenant_id"
+)
+
+// Operation is the router handler's name, and so the inbox operation.
+const Operation = "apply_event"
+
+// Event is the payload of an event message. SentAt is re-stamped by a
+// producer retry and left out of the fingerprint; Amount differs in a
+// conflicting payload.
+type Event struct {
+	EventID string `json:"event_id"`
+	Amount  int    `json:"amount"`
+	SentAt  string `json:"sent_at"`
+}
+
+// Lines a consumer prints on stdout, one per line.
+const (
+	// LineReady: the router runs.
+	LineReady = "READY"
+	// LineDie is followed by the point: the consumer kills itself now.
+	LineDie = "DIE"
+	// LineStats is followed by Stats.String(): printed four times a second and at
+	// a clean exit.
+	LineStats = "STATS"
+	// LineBye: the consumer stopped cleanly and exits 0.
+	LineBye = "BYE"
+)
+
+// Stats is what a consumer's middleware did so far.
+type Stats struct {
+	Executed, Duplicates, Conflicts, InFlight, Retries, Pending, Takeovers uint64
+}
+
+func (s Stats) String() string {
+	return fmt.Sprintf("executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d",
+		s.Executed, s.Duplicates, s.Conflicts, s.InFlight, s.Retries, s.Pending, s.Takeovers)
+}
+
+// ParseStats reads what String wrote.
+func ParseStats(s string) (Stats, error) {
+	var st Stats
+	_, err := fmt.Sscanf(s, "executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d",
+		&st.Executed, &st.Duplicates, &st.Conflicts, &st.InFlight, &st.Retries, &st.Pending, &st.Takeovers)
+	return st, err
+}
+
+// Add sums two Stats.
+func (s Stats) Add(o Stats) Stats {
+	return Stats{s.Executed + o.Executed, s.Duplicates + o.Duplicates, s.Conflicts + o.Conflicts,
+		s.InFlight + o.InFlight, s.Retries + o.Retries, s.Pending + o.Pending, s.Takeovers + o.Takeovers}
+}
+
+// The fake payment provider's API.
+const (
+	// ChargesPath: POST creates a charge (body ChargeRequest), GET
+	// ?idempotency_key= lists the charges made with that key.
+	ChargesPath = "/charges"
+	// HeaderIdempotencyKey carries dedup.Claim.IdempotencyKey.
+	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderDeadline is when the client gives up (Unix nanoseconds). The
+	// provider refuses a request that reaches it later, without charging:
+	// a request either charged before its client gave up or never will,
+	// which is what makes "not found" a safe answer for the reconciler.
+	HeaderDeadline = "X-Deadline"
+)
+
+// ChargeRequest is the body of a charge.
+type ChargeRequest struct {
+	EventID string `json:"event_id"`
+	Amount  int    `json:"amount"`
+}
+
+// Charge is one charge the provider made.
+type Charge struct {
+	ID             string `json:"id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	EventID        string `json:"event_id"`
+	Amount         int    `json:"amount"`
+}
+
+// KafkaVersion is the protocol version every chaos client speaks.
+var KafkaVersion = sarama.V2_8_0_0
+
+// SaramaConfig is the configuration the consumers and the driver use: a new
+// group starts at the oldest offset, offsets are auto-committed every
+// second, and a member that dies is evicted after a two-second session so
+// that the group rebalances quickly. The rebalance timeout bounds how long a
+// rebalance waits for members to rejoin, and with it how long a member
+// stopping in the middle of one waits in JoinGroup: it must stay below the
+// consumers' router close timeout. It must also exceed the longest a
+// member needs to give up its partitions, which in reserve mode is a
+// delivery waiting out a dead worker's lease (see package consumer).
+func SaramaConfig(clientID string) *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.Version = KafkaVersion
+	cfg.ClientID = clientID
+	cfg.Consumer.Return.Errors = true
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	cfg.Consumer.Offsets.AutoCommit.Enable = true
+	cfg.Consumer.Offsets.AutoCommit.Interval = time.Second
+	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
+	cfg.Consumer.Group.Heartbeat.Interval = 200 * time.Millisecond
+	cfg.Consumer.Group.Rebalance.Timeout = 10 * time.Second
+	cfg.Metadata.Retry.Backoff = 100 * time.Millisecond
+	cfg.Net.DialTimeout = 5 * time.Second
+	return cfg
+}
+
+// WithApplicationName returns dsn with PostgreSQL's application_name set,
+// for URL DSNs (postgres://...) and key=value DSNs alike.
+func WithApplicationName(dsn, name string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parse DSN: %w", err)
+		}
+		q := u.Query()
+		q.Set("application_name", name)
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	return strings.TrimSpace(dsn) + " application_name=" + name, nil
+}
