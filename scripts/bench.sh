@@ -1,31 +1,32 @@
 #!/usr/bin/env bash
-# Benchmarks the dedup middleware on every database against the handler alone
-# (plain: the same business INSERT in its own transaction), measured in the
-# same run, and prints one RATIO line per database and path:
+# Benchmarks the dedup middleware side by side with the handler alone, on the
+# same machine and data, and prints ratios between measurements of the same
+# run (docs/benchmarks.md explains every line):
 #
-#   RATIO <fresh|duplicate>_vs_plain dialect=<d> workers=1 value=<throughput ratio>
+#   BENCH scenario=<name> dialect=<pg|mysql|sqlite> workers=<n> msgs=<n> msgs_per_s=<x> p50_us=<x> p99_us=<x> allocs_per_msg=<x>
+#   SEED dialect=<d> rows=<n> added=<n> seconds=<x>
+#   RATIO <name> dialect=<d> workers=<n> value=<x>
 #
-# A value of 0.8 means the middleware keeps 80% of the handler's own
-# throughput. Databases are prepared as for scripts/test.sh. Extra arguments
-# go to `go test` (e.g. -benchtime 5s -count 3).
+# Flags go to the program (tests/bench):
+#
+#   --quick                 1000 messages per measurement, inbox growth up to 1M rows (under 5 minutes on 2 cores)
+#   --dialects pg,mysql,sqlite
+#   --workers 1,8,32
+#   --scenarios plain,inboxmill,inboxmill_dup,inboxmill_dup_tx,inboxmill_reserve,watermill_dedup,
+#               select_then_insert,growth,kafka,sqlqueue
+#   --msgs N                messages per measurement (5000 by default)
+#   --rounds N              measurements per scenario, dialect and worker count, interleaved;
+#                           BENCH reports the median (3 by default; each round is logged to stderr)
+#   --growth 0,1m,10m       inbox sizes for the growth scenario
+#   --cpuprofile FILE       CPU profile of the whole run, for go tool pprof
+#   --markdown FILE         the results and ratios as Markdown tables
+#
+# PostgreSQL and MariaDB are those of scripts/test.sh (127.0.0.1, database
+# test), or INBOXMILL_POSTGRES_DSN / INBOXMILL_MYSQL_DSN; leave a server out
+# with --dialects. Every table is created under a unique name and dropped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-go test -run '^$' -bench 'BenchmarkMiddleware' -benchmem "$@" ./dedup | tee "$out"
-awk '
-/^BenchmarkMiddleware\// {
-	split($1, p, "/"); db = p[2]; path = p[3]; sub(/-[0-9]+$/, "", path)
-	ns[db "/" path] += $3; n[db "/" path]++
-	if (!(db in seen)) { seen[db] = 1; order[++dbs] = db }
-}
-END {
-	for (i = 1; i <= dbs; i++) {
-		db = order[i]; base = ns[db "/plain"] / n[db "/plain"]
-		for (j = 1; j <= 2; j++) {
-			path = (j == 1) ? "fresh" : "duplicate"
-			if (n[db "/" path] == 0 || base == 0) continue
-			printf "RATIO %s_vs_plain dialect=%s workers=1 value=%.2f\n", path, db, base / (ns[db "/" path] / n[db "/" path])
-		}
-	}
-}' "$out"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+go build -o "$dir/bench" ./tests/bench
+"$dir/bench" "$@"

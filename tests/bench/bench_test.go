@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/internal/testdb"
+)
+
+// TestSmoke runs the benchmark program in its --smoke mode on each database
+// — a few messages per scenario, growth up to a thousand rows — so that CI
+// proves every scenario still runs, checks its effects and prints its lines.
+// It checks the output's shape, never the numbers.
+func TestSmoke(t *testing.T) {
+	for _, tc := range []struct {
+		dialect string
+		kind    testdb.Kind
+	}{
+		{"sqlite", testdb.SQLite},
+		{"pg", testdb.PostgresPGX},
+		{"mysql", testdb.MySQL},
+	} {
+		t.Run(tc.dialect, func(t *testing.T) {
+			t.Parallel()
+			if tc.kind != testdb.SQLite {
+				testdb.Open(t, tc.kind) // skips, or fails with CI set, when the server is down
+			}
+			var stdout, stderr bytes.Buffer
+			err := run(t.Context(), []string{"--smoke", "--dialects", tc.dialect}, &stdout, &stderr)
+			t.Log(stderr.String())
+			require.NoError(t, err, stdout.String())
+
+			bench, ratios := parseOutput(t, stdout.String())
+			want := []string{"plain", "inboxmill", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup",
+				"select_then_insert", "growth_empty", "growth_1k"}
+			for _, s := range want {
+				for _, w := range []string{"1", "2"} {
+					require.Contains(t, bench, s+"/"+w, "no BENCH line for %s with %s workers", s, w)
+				}
+			}
+			require.Contains(t, bench, "kafka_plain/4")
+			require.Contains(t, bench, "kafka_inboxmill/4")
+			if tc.dialect == "pg" {
+				require.Contains(t, bench, "sqlqueue_plain/1")
+				require.Contains(t, bench, "sqlqueue_inboxmill/1")
+			}
+			for _, r := range []string{"inboxmill_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "growth_p50_1k_vs_empty"} {
+				for _, w := range []string{"1", "2"} {
+					require.Contains(t, ratios, r+"/"+w)
+				}
+			}
+		})
+	}
+}
+
+// parseOutput checks every BENCH and RATIO line's fields and returns them
+// keyed by "<scenario or ratio>/<workers>".
+func parseOutput(t *testing.T, out string) (bench, ratios map[string]map[string]string) {
+	t.Helper()
+	bench, ratios = map[string]map[string]string{}, map[string]map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 {
+			continue
+		}
+		switch fields[0] {
+		case "BENCH":
+			kv := keyValues(t, fields[1:])
+			for _, k := range []string{"scenario", "dialect", "workers", "msgs", "msgs_per_s", "p50_us", "p99_us", "allocs_per_msg"} {
+				require.Contains(t, kv, k, sc.Text())
+			}
+			for _, k := range []string{"msgs_per_s", "p50_us", "p99_us", "allocs_per_msg"} {
+				v, err := strconv.ParseFloat(kv[k], 64)
+				require.NoError(t, err, sc.Text())
+				require.Greater(t, v, 0.0, sc.Text())
+			}
+			bench[kv["scenario"]+"/"+kv["workers"]] = kv
+		case "RATIO":
+			require.Greater(t, len(fields), 2, sc.Text())
+			kv := keyValues(t, fields[2:])
+			v, err := strconv.ParseFloat(kv["value"], 64)
+			require.NoError(t, err, sc.Text())
+			require.Greater(t, v, 0.0, sc.Text())
+			ratios[fields[1]+"/"+kv["workers"]] = kv
+		case "SEED":
+		default:
+			t.Fatalf("unexpected output line %q", sc.Text())
+		}
+	}
+	return bench, ratios
+}
+
+func keyValues(t *testing.T, fields []string) map[string]string {
+	t.Helper()
+	kv := map[string]string{}
+	for _, f := range fields {
+		k, v, ok := strings.Cut(f, "=")
+		require.True(t, ok, "field %q is not key=value", f)
+		kv[k] = v
+	}
+	return kv
+}

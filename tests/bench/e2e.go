@@ -1,0 +1,291 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/internal/kafkatest"
+	"github.com/inboxmill/inboxmill/internal/testdb"
+)
+
+// Through a transport the variants are the handler alone in the
+// transaction the transport gives it (plain) and under the middleware
+// (inboxmill), both behind a message.Router.
+var e2eVariants = []string{"plain", "inboxmill"}
+
+// partitions is the Kafka topics' partition count; watermill-kafka handles
+// one message per partition at a time, so it is also the worker count.
+const partitions = 4
+
+// e2eTimeout bounds the wait for a transport to deliver every message.
+const e2eTimeout = 10 * time.Minute
+
+// kafka publishes msgs events per dialect and variant to an in-process
+// Kafka-protocol broker (kfake, 4 partitions) and consumes them with
+// watermill-kafka's subscriber, a router and the handler.
+func (b *bench) kafka(ctx context.Context) (err error) {
+	h := &harness{}
+	defer h.close()
+	defer h.recover(&err)
+	var topics []string
+	for _, d := range b.opts.dialects {
+		for _, v := range e2eVariants {
+			topics = append(topics, d+"_"+v)
+		}
+	}
+	brokers := kafkatest.Start(h, partitions, topics...)
+	for _, name := range b.opts.dialects {
+		d, _ := dialectByName(name)
+		for _, v := range e2eVariants {
+			topic := d.name + "_" + v
+			records := make([]kafkatest.Record, b.opts.msgs)
+			for i, msg := range newMessages(b.opts.msgs, nil) {
+				records[i] = kafkatest.Record{Partition: int32(i % partitions), Value: msg.Payload,
+					Headers: map[string]string{"event_id": eventID(msg)}}
+			}
+			kafkatest.Produce(h, brokers, topic, records)
+			sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+				Brokers:               brokers,
+				Unmarshaler:           kafka.DefaultMarshaler{},
+				ConsumerGroup:         "bench_" + topic,
+				OverwriteSaramaConfig: kafkatest.Config(),
+				NackResendSleep:       20 * time.Millisecond,
+				ReconnectRetrySleep:   100 * time.Millisecond,
+			}, watermill.NopLogger{})
+			if err != nil {
+				return err
+			}
+			if err := b.consume(ctx, d, "kafka_"+v, partitions, sub, topic, nil); err != nil {
+				return fmt.Errorf("%s on %s: %w", v, d.name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// sqlQueue publishes msgs events per variant to a watermill-sql queue
+// topic on PostgreSQL and consumes them with one subscriber fetching one
+// message per transaction (SubscribeBatchSize 1, as JoinTx requires); the
+// middleware joins the consuming transaction (dedup.WatermillSQLTx). Acked
+// messages are deleted: with the default acked flag every fetch walks past
+// all acked rows and the queue, not the handler, becomes what is measured.
+func (b *bench) sqlQueue(ctx context.Context) error {
+	d, _ := dialectByName("pg")
+	for _, v := range e2eVariants {
+		f, err := b.newFixture(ctx, d, "sqlqueue", 4)
+		if err != nil {
+			return err
+		}
+		err = func() error {
+			defer f.close()
+			topic := testdb.UniqueName("bench_queue")
+			schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
+			f.tables = append(f.tables, schema.MessagesTable(topic))
+			pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(f.db),
+				wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, watermill.NopLogger{})
+			if err != nil {
+				return err
+			}
+			msgs := newMessages(b.opts.msgs, nil)
+			for i := 0; i < len(msgs); i += 500 {
+				if err := pub.Publish(topic, msgs[i:min(i+500, len(msgs))]...); err != nil {
+					return err
+				}
+			}
+			sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(f.db), wsql.SubscriberConfig{
+				SchemaAdapter:    schema,
+				OffsetsAdapter:   wsql.PostgreSQLQueueOffsetsAdapter{DeleteOnAck: true},
+				InitializeSchema: true,
+				PollInterval:     10 * time.Millisecond,
+				ResendInterval:   time.Millisecond,
+			}, watermill.NopLogger{})
+			if err != nil {
+				return err
+			}
+			return b.consumeOn(ctx, f, "sqlqueue_"+v, 1, sub, topic, dedup.WatermillSQLTx)
+		}()
+		if err != nil {
+			return fmt.Errorf("%s: %w", v, err)
+		}
+	}
+	return nil
+}
+
+// consume runs one variant on a fixture of its own.
+func (b *bench) consume(ctx context.Context, d dialect, scenario string, workers int, sub message.Subscriber,
+	topic string, join dedup.TxJoiner) error {
+	f, err := b.newFixture(ctx, d, "e2e", workers+2)
+	if err != nil {
+		return err
+	}
+	defer f.close()
+	return b.consumeOn(ctx, f, scenario, workers, sub, topic, join)
+}
+
+// consumeOn routes topic from sub to the variant's handler until every
+// message was handled, and reports the throughput from the first message's
+// arrival to the last one's end.
+func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, workers int, sub message.Subscriber,
+	topic string, join dedup.TxJoiner) error {
+	handler := func(msg *message.Message) error {
+		// The transaction the transport consumes in, if it has one.
+		if tx, ok := dedup.WatermillSQLTx(msg.Context()); ok {
+			_, err := tx.ExecContext(msg.Context(), f.insert, eventID(msg), 100)
+			return err
+		}
+		_, err := f.ownTx(msg)
+		return err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	t := newE2ETimer(b.opts.msgs)
+	router.AddMiddleware(t.middleware)
+	var d *dedup.Deduplicator
+	if scenario == "kafka_inboxmill" || scenario == "sqlqueue_inboxmill" {
+		store, err := f.newStore(ctx)
+		if err != nil {
+			return err
+		}
+		cfg := dedupConfig(dedup.ModeTransactional)
+		cfg.Operation = "" // the router's handler name
+		cfg.JoinTx = join
+		if d, err = dedup.New(store, cfg); err != nil {
+			return err
+		}
+		router.AddMiddleware(d.Middleware)
+		handler = func(msg *message.Message) error {
+			_, err := f.inClaimTx(msg)
+			return err
+		}
+	}
+	router.AddConsumerHandler("bench_effect", topic, sub, handler)
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(ctx) }()
+	var waitErr error
+	select {
+	case <-t.done:
+	case err := <-runErr:
+		waitErr = fmt.Errorf("router stopped: %v", err)
+	case <-ctx.Done():
+		waitErr = ctx.Err()
+	case <-time.After(e2eTimeout):
+		waitErr = fmt.Errorf("%d of %d messages handled after %v", t.completed.Load(), b.opts.msgs, e2eTimeout)
+	}
+	if waitErr == nil {
+		// The transport commits after the handler chain returned (the
+		// watermill-sql subscriber on the ack): wait for the last commits
+		// before closing, or the close would roll them back.
+		waitErr = f.awaitRows(ctx, f.effects, b.opts.msgs)
+	}
+	if err := errors.Join(waitErr, router.Close()); err != nil {
+		return err
+	}
+	if d != nil {
+		if st := d.Stats(); st.Executed != uint64(b.opts.msgs) {
+			return fmt.Errorf("middleware stats %+v, want %d executed", st, b.opts.msgs)
+		}
+	}
+	if err := f.expectRows(ctx, f.effects, b.opts.msgs); err != nil {
+		return err
+	}
+	r := t.result()
+	r.scenario, r.dialect, r.workers = scenario, f.d.name, workers
+	b.report(r)
+	return nil
+}
+
+// e2eTimer is the router's outermost middleware: it times each delivery
+// that succeeds and closes done when n have.
+type e2eTimer struct {
+	n          int
+	lat        []time.Duration
+	slot       atomic.Int64
+	completed  atomic.Int64
+	first      sync.Once
+	start, end time.Time
+	m0, m1     runtime.MemStats
+	done       chan struct{}
+}
+
+func newE2ETimer(n int) *e2eTimer {
+	return &e2eTimer{n: n, lat: make([]time.Duration, n), done: make(chan struct{})}
+}
+
+func (t *e2eTimer) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		t.first.Do(func() {
+			runtime.ReadMemStats(&t.m0)
+			t.start = time.Now()
+		})
+		t0 := time.Now()
+		out, err := h(msg)
+		if err != nil {
+			return out, err
+		}
+		if i := t.slot.Add(1); i <= int64(t.n) {
+			t.lat[i-1] = time.Since(t0)
+		}
+		// Every latency is written before its completion is counted, so
+		// the last count sees them all.
+		if t.completed.Add(1) == int64(t.n) {
+			t.end = time.Now()
+			runtime.ReadMemStats(&t.m1)
+			close(t.done)
+		}
+		return out, err
+	}
+}
+
+// result may be called once done is closed. Allocations are the whole
+// process's: with Kafka that includes Sarama and the in-process broker.
+func (t *e2eTimer) result() result {
+	r := result{msgs: t.n, perSec: float64(t.n) / t.end.Sub(t.start).Seconds(),
+		allocs: float64(t.m1.Mallocs-t.m0.Mallocs) / float64(t.n)}
+	r.p50, r.p99 = percentiles(t.lat)
+	return r
+}
+
+// harness lets the program use internal/kafkatest, written for tests: a
+// failure panics with a fatal that recover turns back into an error, and
+// cleanups run at close. kafkatest calls no other testing.TB method.
+type harness struct {
+	testing.TB // nil: calling a method not defined below panics
+	cleanups   []func()
+}
+
+type fatal struct{ err error }
+
+func (h *harness) Helper()                           {}
+func (h *harness) Logf(string, ...any)               {}
+func (h *harness) Fatalf(format string, args ...any) { panic(fatal{fmt.Errorf(format, args...)}) }
+func (h *harness) Cleanup(f func())                  { h.cleanups = append(h.cleanups, f) }
+
+func (h *harness) recover(err *error) {
+	if r := recover(); r != nil {
+		f, ok := r.(fatal)
+		if !ok {
+			panic(r)
+		}
+		*err = f.err
+	}
+}
+
+func (h *harness) close() {
+	for i := len(h.cleanups) - 1; i >= 0; i-- {
+		h.cleanups[i]()
+	}
+}

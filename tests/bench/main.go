@@ -1,0 +1,313 @@
+// Command bench measures what deduplication costs: the dedup middleware
+// against the handler alone, against Watermill's in-memory Deduplicator and
+// against a hand-written check-then-insert, on PostgreSQL (pgx), MariaDB and
+// SQLite at several worker counts; claim latency as the inbox grows; and end
+// to end through Kafka and the watermill-sql queue.
+//
+// Every scenario prints one line, the median of its rounds where it has
+// several (each round is logged to stderr with the machine's load):
+//
+//	BENCH scenario=<name> dialect=<pg|mysql|sqlite> workers=<n> msgs=<n> msgs_per_s=<x> p50_us=<x> p99_us=<x> allocs_per_msg=<x>
+//
+// and the run ends with ratios between measurements of the same run:
+//
+//	RATIO <name> dialect=<d> workers=<n> value=<x>
+//
+// Nothing is asserted: the numbers are for reading (docs/benchmarks.md).
+// scripts/bench.sh builds and runs this program; --smoke is the tiny run
+// that the package's test makes in CI.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// The scenarios, in the order they run. The first seven run per dialect and
+// worker count; growth per dialect and inbox size; kafka per dialect with
+// one worker per partition; sqlqueue on PostgreSQL with one subscriber.
+var allScenarios = []string{
+	"plain", "inboxmill", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
+	"growth", "kafka", "sqlqueue",
+}
+
+// options are the parsed flags.
+type options struct {
+	quick, smoke bool
+	dialects     []string
+	workers      []int
+	scenarios    []string
+	msgs         int
+	rounds       int
+	growth       []int64
+	cpuProfile   string
+	markdown     string
+}
+
+func (o options) has(scenario string) bool { return slices.Contains(o.scenarios, scenario) }
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		o                                   options
+		dialects, workers, scenarios, sizes string
+	)
+	fs.BoolVar(&o.quick, "quick", false, "fewer messages per measurement and growth up to 1M rows (under 5 minutes on 2 cores)")
+	fs.BoolVar(&o.smoke, "smoke", false, "a tiny run that only proves every scenario works (what the test runs)")
+	fs.StringVar(&dialects, "dialects", "pg,mysql,sqlite", "databases to measure: pg, mysql, sqlite")
+	fs.StringVar(&workers, "workers", "", "concurrent workers per measurement (default 1,8,32; 1,2 with --smoke)")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
+	fs.IntVar(&o.msgs, "msgs", 0, "messages per measurement (default 5000; 1000 with --quick; 24 with --smoke)")
+	fs.IntVar(&o.rounds, "rounds", 0, "measurements per scenario, dialect and worker count, interleaved; the median is reported (default 3)")
+	fs.StringVar(&sizes, "growth", "", "inbox sizes for growth, e.g. 0,1m,10m (default 0,1m,10m; 0,1m with --quick; 0,1k with --smoke)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&o.markdown, "markdown", "", "also write the results and ratios as Markdown tables to this file")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var errs []error
+	for _, d := range splitList(dialects) {
+		if _, ok := dialectByName(d); !ok {
+			errs = append(errs, fmt.Errorf("unknown dialect %q (pg, mysql, sqlite)", d))
+		}
+		o.dialects = append(o.dialects, d)
+	}
+	for _, s := range splitList(scenarios) {
+		if !slices.Contains(allScenarios, s) {
+			errs = append(errs, fmt.Errorf("unknown scenario %q (%s)", s, strings.Join(allScenarios, ", ")))
+		}
+		o.scenarios = append(o.scenarios, s)
+	}
+	switch {
+	case workers != "":
+		for _, w := range splitList(workers) {
+			n, err := strconv.Atoi(w)
+			if err != nil || n < 1 {
+				errs = append(errs, fmt.Errorf("--workers: %q is not a positive number", w))
+			}
+			o.workers = append(o.workers, n)
+		}
+	case o.smoke:
+		o.workers = []int{1, 2}
+	default:
+		o.workers = []int{1, 8, 32}
+	}
+	switch {
+	case o.msgs < 0:
+		errs = append(errs, fmt.Errorf("--msgs %d is negative", o.msgs))
+	case o.msgs > 0:
+	case o.smoke:
+		o.msgs = 24
+	case o.quick:
+		o.msgs = 1000
+	default:
+		o.msgs = 5000
+	}
+	switch {
+	case o.rounds < 0:
+		errs = append(errs, fmt.Errorf("--rounds %d is negative", o.rounds))
+	case o.rounds > 0:
+	case o.smoke:
+		o.rounds = 1
+	default:
+		o.rounds = 3
+	}
+	switch {
+	case sizes != "":
+		for _, s := range splitList(sizes) {
+			n, err := parseSize(s)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--growth: %w", err))
+			}
+			o.growth = append(o.growth, n)
+		}
+	case o.smoke:
+		o.growth = []int64{0, 1000}
+	case o.quick:
+		o.growth = []int64{0, 1_000_000}
+	default:
+		o.growth = []int64{0, 1_000_000, 10_000_000}
+	}
+	slices.Sort(o.growth)
+	o.growth = slices.Compact(o.growth)
+	if len(o.growth) > 0 && o.growth[0] != 0 {
+		o.growth = append([]int64{0}, o.growth...) // ratios are against the empty inbox
+	}
+	return o, errors.Join(errs...)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// parseSize reads 0, 5000, 1k, 1m, 10m.
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(s, "k"):
+		mult, s = 1_000, strings.TrimSuffix(s, "k")
+	case strings.HasSuffix(s, "m"):
+		mult, s = 1_000_000, strings.TrimSuffix(s, "m")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a size such as 0, 1k or 10m", s)
+	}
+	return n * mult, nil
+}
+
+// sizeLabel names an inbox size in scenario and ratio names: empty, 1k, 1m, 10m.
+func sizeLabel(n int64) string {
+	switch {
+	case n == 0:
+		return "empty"
+	case n%1_000_000 == 0:
+		return strconv.FormatInt(n/1_000_000, 10) + "m"
+	case n%1_000 == 0:
+		return strconv.FormatInt(n/1_000, 10) + "k"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// run is the whole program; the smoke test calls it directly.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	b, err := newBench(o, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	start := time.Now()
+	b.logf("dialects=%s workers=%v msgs=%d rounds=%d scenarios=%s (%s)", strings.Join(o.dialects, ","), o.workers, o.msgs,
+		o.rounds, strings.Join(o.scenarios, ","), machineLoad())
+	if err := b.runAll(ctx); err != nil {
+		return err
+	}
+	b.printRatios()
+	if o.markdown != "" {
+		if err := os.WriteFile(o.markdown, []byte(b.markdownTables()), 0o644); err != nil {
+			return err
+		}
+	}
+	b.logf("done in %v (%s)", time.Since(start).Round(time.Second), machineLoad())
+	return nil
+}
+
+func (b *bench) runAll(ctx context.Context) error {
+	for _, name := range b.opts.dialects {
+		d, _ := dialectByName(name)
+		if err := b.ping(ctx, d); err != nil {
+			return err
+		}
+		for _, w := range b.opts.workers {
+			// Rounds interleave the scenarios, so that a burst of load from
+			// elsewhere on the machine hits one round of each rather than
+			// every round of one; the median round is reported.
+			rounds := map[string][]result{}
+			for round := 1; round <= b.opts.rounds; round++ {
+				for _, s := range perDialect {
+					if !b.opts.has(s.name) {
+						continue
+					}
+					r, err := b.measureScenario(ctx, d, s, w)
+					if err != nil {
+						return fmt.Errorf("%s on %s with %d workers: %w", s.name, d.name, w, err)
+					}
+					if b.opts.rounds > 1 {
+						b.logf("round %d/%d: %s (%s)", round, b.opts.rounds, r, machineLoad())
+					}
+					rounds[s.name] = append(rounds[s.name], r)
+				}
+			}
+			for _, s := range perDialect {
+				if rs := rounds[s.name]; len(rs) > 0 {
+					b.report(median(rs))
+				}
+			}
+		}
+		if b.opts.has("growth") {
+			if err := b.growth(ctx, d); err != nil {
+				return fmt.Errorf("growth on %s: %w", d.name, err)
+			}
+		}
+	}
+	if b.opts.has("kafka") {
+		if err := b.kafka(ctx); err != nil {
+			return fmt.Errorf("kafka: %w", err)
+		}
+	}
+	if b.opts.has("sqlqueue") && slices.Contains(b.opts.dialects, "pg") {
+		if err := b.sqlQueue(ctx); err != nil {
+			return fmt.Errorf("sqlqueue: %w", err)
+		}
+	}
+	return nil
+}
+
+// machineLoad describes what else the machine is doing, for judging how
+// noisy a measurement is: the load average and, where the kernel reports
+// it, the share of the last 10 s in which runnable tasks waited for a CPU.
+func machineLoad() string {
+	var parts []string
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			parts = append(parts, "loadavg "+strings.Join(f[:3], " "))
+		}
+	}
+	if b, err := os.ReadFile("/proc/pressure/cpu"); err == nil {
+		for _, f := range strings.Fields(string(b)) {
+			if v, ok := strings.CutPrefix(f, "avg10="); ok {
+				parts = append(parts, "cpu pressure "+v+"%")
+				break
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return "load unknown"
+	}
+	return strings.Join(parts, ", ")
+}

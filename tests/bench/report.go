@@ -1,0 +1,130 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ratio is one RATIO line: a measurement over another of the same run.
+type ratio struct {
+	name, dialect string
+	workers       int
+	value         float64
+}
+
+func (r ratio) String() string {
+	return fmt.Sprintf("RATIO %s dialect=%s workers=%d value=%.2f", r.name, r.dialect, r.workers, r.value)
+}
+
+// target is what a ratio is reported against; never asserted.
+type target struct {
+	atLeast bool
+	value   float64
+	// only, when set, limits the target to one dialect and worker count.
+	dialect string
+	workers int
+}
+
+func (t target) String() string {
+	op := "≤"
+	if t.atLeast {
+		op = "≥"
+	}
+	s := fmt.Sprintf("%s %.2f", op, t.value)
+	if t.dialect != "" {
+		s += fmt.Sprintf(" (%s, %d workers)", t.dialect, t.workers)
+	}
+	return s
+}
+
+func (t target) applies(r ratio) bool {
+	return t.dialect == "" || (t.dialect == r.dialect && t.workers == r.workers)
+}
+
+func (t target) met(v float64) bool {
+	if t.atLeast {
+		return v >= t.value
+	}
+	return v <= t.value
+}
+
+// targetFor returns the target of a ratio name, if it has one.
+func targetFor(name string) (target, bool) {
+	switch {
+	case name == "inboxmill_vs_plain":
+		return target{atLeast: true, value: 0.85, dialect: "pg", workers: 8}, true
+	case name == "dup_vs_fresh":
+		return target{atLeast: true, value: 2.5}, true
+	case strings.HasPrefix(name, "growth_p50_"):
+		return target{value: 1.5}, true
+	}
+	return target{}, false
+}
+
+// ratios derives every ratio the run's results allow, by dialect and
+// worker count.
+func (b *bench) ratios() []ratio {
+	var out []ratio
+	throughput := func(name, num, den string, dialect string, workers int) {
+		n, ok1 := b.find(num, dialect, workers)
+		d, ok2 := b.find(den, dialect, workers)
+		if ok1 && ok2 && d.perSec > 0 {
+			out = append(out, ratio{name, dialect, workers, n.perSec / d.perSec})
+		}
+	}
+	for _, dialect := range b.opts.dialects {
+		for _, w := range b.opts.workers {
+			throughput("inboxmill_vs_plain", "inboxmill", "plain", dialect, w)
+			throughput("dup_vs_fresh", "inboxmill_dup", "inboxmill", dialect, w)
+			throughput("dup_tx_vs_fresh", "inboxmill_dup_tx", "inboxmill", dialect, w)
+			throughput("reserve_vs_plain", "inboxmill_reserve", "plain", dialect, w)
+			throughput("watermill_dedup_vs_plain", "watermill_dedup", "plain", dialect, w)
+			throughput("select_then_insert_vs_plain", "select_then_insert", "plain", dialect, w)
+			throughput("inboxmill_vs_select_then_insert", "inboxmill", "select_then_insert", dialect, w)
+			empty, ok := b.find("growth_empty", dialect, w)
+			if !ok || empty.p50 <= 0 || empty.p99 <= 0 {
+				continue
+			}
+			for _, size := range b.opts.growth[1:] {
+				label := sizeLabel(size)
+				if g, ok := b.find("growth_"+label, dialect, w); ok {
+					out = append(out,
+						ratio{"growth_p50_" + label + "_vs_empty", dialect, w, float64(g.p50) / float64(empty.p50)},
+						ratio{"growth_p99_" + label + "_vs_empty", dialect, w, float64(g.p99) / float64(empty.p99)})
+				}
+			}
+		}
+		throughput("kafka_inboxmill_vs_plain", "kafka_inboxmill", "kafka_plain", dialect, partitions)
+		throughput("sqlqueue_inboxmill_vs_plain", "sqlqueue_inboxmill", "sqlqueue_plain", dialect, 1)
+	}
+	return out
+}
+
+func (b *bench) printRatios() {
+	for _, r := range b.ratios() {
+		fmt.Fprintln(b.out, r)
+	}
+}
+
+// markdownTables renders the results and the ratios for docs/benchmarks.md.
+func (b *bench) markdownTables() string {
+	var s strings.Builder
+	s.WriteString("| scenario | dialect | workers | msgs | msgs/s | p50 µs | p99 µs | allocs/msg |\n")
+	s.WriteString("|---|---|--:|--:|--:|--:|--:|--:|\n")
+	for _, r := range b.results {
+		fmt.Fprintf(&s, "| %s | %s | %d | %d | %.0f | %.0f | %.0f | %.0f |\n",
+			r.scenario, r.dialect, r.workers, r.msgs, r.perSec, micros(r.p50), micros(r.p99), r.allocs)
+	}
+	s.WriteString("\n| ratio | dialect | workers | value | target |\n|---|---|--:|--:|---|\n")
+	for _, r := range b.ratios() {
+		status := ""
+		if t, ok := targetFor(r.name); ok && t.applies(r) {
+			status = t.String() + ": missed"
+			if t.met(r.value) {
+				status = t.String() + ": met"
+			}
+		}
+		fmt.Fprintf(&s, "| %s | %s | %d | %.2f | %s |\n", r.name, r.dialect, r.workers, r.value, status)
+	}
+	return s.String()
+}
