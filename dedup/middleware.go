@@ -203,6 +203,9 @@ func (d *Deduplicator) logFields(msg *message.Message, id identity, o Outcome, e
 func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err error) {
 	d.stats.add(o)
 	d.metrics.observe(id.operation, o)
+	if _, nop := d.cfg.Logger.(watermill.NopLogger); nop {
+		return // no fields map to build for a logger that drops them
+	}
 	fields := d.logFields(msg, id, o, err)
 	switch o {
 	case OutcomeExecuted:

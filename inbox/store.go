@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -28,6 +29,21 @@ var (
 const MaxTableLen = 40
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// reserved holds words reserved in PostgreSQL, MySQL or SQLite that a table
+// could plausibly be named; the store puts the name into SQL unquoted.
+var reserved = map[string]bool{}
+
+func init() {
+	for _, w := range strings.Fields(`all alter analyze and as asc between both by case check collate column
+		constraint create cross current_date current_time current_timestamp current_user database default
+		delete desc distinct drop else end exists false fetch for foreign from grant group having in index
+		inner insert intersect into is join key keys leading left like limit natural not null offset on or
+		order outer primary references right select session_user set table then to trailing true union
+		unique update user using values when where with`) {
+		reserved[w] = true
+	}
+}
 
 // Config configures a [Store]. The zero value is usable.
 type Config struct {
@@ -61,6 +77,9 @@ func (c Config) validate() error {
 	}
 	if !identifier.MatchString(c.Table) {
 		errs = append(errs, fmt.Errorf("%w: table name %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)", ErrInvalidConfig, c.Table))
+	}
+	if reserved[strings.ToLower(c.Table)] {
+		errs = append(errs, fmt.Errorf("%w: table name %q is an SQL reserved word; the store does not quote it", ErrInvalidConfig, c.Table))
 	}
 	return errors.Join(errs...)
 }

@@ -60,7 +60,7 @@ func runStore(t *testing.T, h Harness) {
 	t.Run("TableNameInjectionIsRejected", func(t *testing.T) {
 		t.Parallel()
 		db := h.DB(t)
-		for _, name := range []string{"inbox; DROP TABLE x", "inbox--", `"inbox"`, "1inbox", "in box", "inbox.x",
+		for _, name := range []string{"inbox; DROP TABLE x", "inbox--", `"inbox"`, "1inbox", "in box", "inbox.x", "user", "ORDER",
 			strings.Repeat("a", inbox.MaxTableLen+1)} {
 			_, err := inbox.NewStore(db, h.Dialect, inbox.Config{Table: name})
 			require.ErrorIs(t, err, inbox.ErrInvalidConfig, name)
