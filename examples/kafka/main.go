@@ -27,15 +27,14 @@ import (
 	"os"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
 	"github.com/inboxmill/inboxmill/examples/internal/shop"
 	"github.com/inboxmill/inboxmill/inbox"
 )
@@ -108,7 +107,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	fmt.Fprintf(out, "inbox: PostgreSQL table %s (%d shipments from earlier runs)\n", cfg.inboxTable, before)
 
 	poisonTopic := cfg.topic + ".poison"
-	brokers, stop, err := startKafka(cfg, poisonTopic)
+	brokers, stop, err := kafkaex.Connect(cfg.brokers, partitions, cfg.topic, poisonTopic)
 	if err != nil {
 		return sum, err
 	}
@@ -126,7 +125,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
 			return msg.Metadata.Get("event_id"), nil
 		}),
-		OverwriteSaramaConfig: publisherConfig(),
+		OverwriteSaramaConfig: kafkaex.PublisherConfig(),
 	}, logger)
 	if err != nil {
 		return sum, err
@@ -136,7 +135,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		Brokers:               brokers,
 		Unmarshaler:           kafka.DefaultMarshaler{},
 		ConsumerGroup:         cfg.group,
-		OverwriteSaramaConfig: subscriberConfig(),
+		OverwriteSaramaConfig: kafkaex.SubscriberConfig(),
 		NackResendSleep:       10 * time.Millisecond,
 	}, logger)
 	if err != nil {
@@ -212,50 +211,6 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		fmt.Sprintf(" on %d partitions", partitions))
 }
 
-// startKafka returns the brokers to use: an embedded one on loopback, or
-// the cluster named by -brokers, where it creates the topics if needed.
-func startKafka(cfg config, poisonTopic string) ([]string, func(), error) {
-	if cfg.brokers == "" {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, cfg.topic, poisonTopic))
-		if err != nil {
-			return nil, nil, err
-		}
-		return cluster.ListenAddrs(), cluster.Close, nil
-	}
-	brokers := splitBrokers(cfg.brokers)
-	admin, err := sarama.NewClusterAdmin(brokers, subscriberConfig())
-	if err != nil {
-		return nil, nil, fmt.Errorf("kafka at %v: %w", brokers, err)
-	}
-	defer admin.Close()
-	for _, topic := range []string{cfg.topic, poisonTopic} {
-		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false)
-		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-			return nil, nil, fmt.Errorf("create topic %s: %w", topic, err)
-		}
-	}
-	return brokers, func() {}, nil
-}
-
-// subscriberConfig is watermill-kafka's default with two changes: a
-// protocol version current brokers (Kafka 4 included) accept, and a new
-// consumer group starting from the oldest offset — from the newest, it
-// would miss what was published before it joined. Offsets stay
-// auto-committed (every second): a duplicate after a crash is the inbox's
-// job, and committing every message would cost a round trip each.
-func subscriberConfig() *sarama.Config {
-	c := kafka.DefaultSaramaSubscriberConfig()
-	c.Version = sarama.V2_8_0_0
-	c.Consumer.Offsets.Initial = sarama.OffsetOldest
-	return c
-}
-
-func publisherConfig() *sarama.Config {
-	c := kafka.DefaultSaramaSyncPublisherConfig()
-	c.Version = sarama.V2_8_0_0
-	return c
-}
-
 // readPoison reads the n messages the poison queue received in this run.
 func readPoison(ctx context.Context, cfg config, brokers []string, topic string, n int, out io.Writer,
 	logger watermill.LoggerAdapter,
@@ -265,7 +220,7 @@ func readPoison(ctx context.Context, cfg config, brokers []string, topic string,
 	}
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, ConsumerGroup: cfg.group + ".poison",
-		OverwriteSaramaConfig: subscriberConfig(),
+		OverwriteSaramaConfig: kafkaex.SubscriberConfig(),
 	}, logger)
 	if err != nil {
 		return 0, err

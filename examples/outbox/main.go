@@ -37,16 +37,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
@@ -144,7 +143,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}
 	fmt.Fprintf(out, "PostgreSQL: inbox %s_inbox, outbox %s\n", cfg.tables, outboxTable)
 
-	brokers, stopKafka, err := startKafka(cfg)
+	brokers, stopKafka, err := kafkaex.Connect(cfg.brokers, partitions, cfg.ordersTopic, cfg.shipmentsTopic)
 	if err != nil {
 		return sum, err
 	}
@@ -383,7 +382,7 @@ func startConsumer(ctx context.Context, brokers []string, topic, group, name str
 		Brokers:               brokers,
 		Unmarshaler:           kafka.DefaultMarshaler{},
 		ConsumerGroup:         group,
-		OverwriteSaramaConfig: subscriberConfig(),
+		OverwriteSaramaConfig: kafkaex.SubscriberConfig(),
 		NackResendSleep:       10 * time.Millisecond,
 	}, logger)
 	if err != nil {
@@ -417,7 +416,7 @@ func publishOrders(brokers []string, topic string, n int, logger watermill.Logge
 		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
 			return msg.Metadata.Get("event_id"), nil
 		}),
-		OverwriteSaramaConfig: publisherConfig(),
+		OverwriteSaramaConfig: kafkaex.PublisherConfig(),
 	}, logger)
 	if err != nil {
 		return 0, err
@@ -503,50 +502,4 @@ func waitFor(ctx context.Context, what string, cond func() (bool, error)) error 
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// startKafka returns the brokers to use: an embedded one on loopback, or
-// the cluster named by -brokers, where it creates the topics if needed.
-func startKafka(cfg config) ([]string, func(), error) {
-	topics := []string{cfg.ordersTopic, cfg.shipmentsTopic}
-	if cfg.brokers == "" {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
-		if err != nil {
-			return nil, nil, err
-		}
-		return cluster.ListenAddrs(), cluster.Close, nil
-	}
-	var brokers []string
-	for _, b := range strings.Split(cfg.brokers, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
-	}
-	admin, err := sarama.NewClusterAdmin(brokers, subscriberConfig())
-	if err != nil {
-		return nil, nil, fmt.Errorf("kafka at %v: %w", brokers, err)
-	}
-	defer admin.Close()
-	for _, topic := range topics {
-		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false)
-		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-			return nil, nil, fmt.Errorf("create topic %s: %w", topic, err)
-		}
-	}
-	return brokers, func() {}, nil
-}
-
-// subscriberConfig: a protocol version current brokers accept, and a new
-// consumer group starting from the oldest offset.
-func subscriberConfig() *sarama.Config {
-	c := kafka.DefaultSaramaSubscriberConfig()
-	c.Version = sarama.V2_8_0_0
-	c.Consumer.Offsets.Initial = sarama.OffsetOldest
-	return c
-}
-
-func publisherConfig() *sarama.Config {
-	c := kafka.DefaultSaramaSyncPublisherConfig()
-	c.Version = sarama.V2_8_0_0
-	return c
 }

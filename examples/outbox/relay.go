@@ -13,6 +13,8 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
 )
 
 // crashPoint is where a forwarder process dies while forwarding a message.
@@ -131,7 +133,7 @@ func (r *relay) spawn() (*process, error) {
 		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
 			return msg.Metadata.Get("causation_id"), nil
 		}),
-		OverwriteSaramaConfig: publisherConfig(),
+		OverwriteSaramaConfig: kafkaex.PublisherConfig(),
 	}, r.logger)
 	if err != nil {
 		return nil, err
