@@ -47,6 +47,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/crashrelay"
 )
 
 const partitions = 4
@@ -154,24 +155,32 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		fmt.Fprintf(out, "kafka: %v\n", brokers)
 	}
 
-	// The forwarder: outbox table -> Kafka. It dies after some Kafka writes
-	// (before the ack) and at some ack commits, and is restarted each time.
-	r := &relay{
-		db: db, brokers: brokers, schema: schema, offsets: offsets, topic: cfg.outboxTopic, logger: logger,
-		crashAt: func(eventID string) crashPoint {
-			switch n := eventNumber(strings.TrimSuffix(eventID, shipmentSuffix)); {
-			case n%10 == 3:
-				return crashAfterPublish
-			case n%15 == 7:
-				return crashAtAckCommit
+	// The forwarder: outbox table -> Kafka, run as a process that is killed
+	// after some Kafka writes (before the ack) and at some ack commits, and
+	// restarted each time (see internal/crashrelay).
+	r, err := crashrelay.Start(db, crashrelay.Config{
+		Topic: cfg.outboxTopic, Schema: schema, Offsets: offsets,
+		Brokers:      brokers,
+		PartitionKey: "causation_id", // keyed by the order: every copy of a message lands on its partition
+		SaramaConfig: kafkaex.PublisherConfig,
+		Logger:       logger,
+		CrashAt: func(_ string, msg *message.Message, attempt int) crashrelay.Crash {
+			if attempt > 0 {
+				return crashrelay.None // each event's crash happens once
 			}
-			return noCrash
+			switch n := eventNumber(strings.TrimSuffix(msg.Metadata.Get("event_id"), shipmentSuffix)); {
+			case n%10 == 3:
+				return crashrelay.AfterPublish
+			case n%15 == 7:
+				return crashrelay.AtAckCommit
+			}
+			return crashrelay.None
 		},
-	}
-	if err := r.start(); err != nil {
+	})
+	if err != nil {
 		return sum, err
 	}
-	defer r.close()
+	defer r.Close()
 
 	// Downstream: the delivery service, its own dedup under its own
 	// operation, keyed on the follow-up event's ID.
@@ -276,7 +285,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}); err != nil {
 		return sum, err
 	}
-	forwarded, crashes := r.stats()
+	relaySt := r.Stats()
+	forwarded := relaySt.Writes
 	if err := waitFor(ctx, "the delivery consumer", func() (bool, error) {
 		st := down.Stats()
 		return int(st.Executed+st.Duplicates) >= forwarded, nil
@@ -284,7 +294,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	_ = upRouter.Close()
-	r.close()
+	r.Close()
 	_ = downRouter.Close()
 
 	var outboxAfter int
@@ -294,7 +304,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	downSt := down.Stats()
 	mu.Lock()
 	sum = summary{orders: cfg.events, messages: msgs, outboxPublished: outboxAfter - outboxBefore, rolledBack: rolledBack,
-		forwarded: forwarded, crashes: crashes,
+		forwarded: forwarded, crashes: relaySt.Crashes,
 		downstreamExecuted: int(downSt.Executed), downstreamDuplicates: int(downSt.Duplicates)}
 	mu.Unlock()
 

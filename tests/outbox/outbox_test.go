@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/crashrelay"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
@@ -166,12 +167,14 @@ type env struct {
 
 	up, down             *dedup.Deduplicator
 	upRouter, downRouter *message.Router
-	relay                *relay
+	relay                *crashrelay.Relay
 
 	mu         sync.Mutex
 	failedRuns map[string]bool // handler runs that published to the outbox and then failed
 	failedOnce map[string]bool
 	lostAck    map[string]bool
+	fired      [numFaults]int       // forwarder faults applied
+	handles    []*kfake.FaultHandle // the Kafka faults injected
 }
 
 func setup(t *testing.T, kind testdb.Kind) *env {
@@ -444,7 +447,7 @@ func (e *env) waitFor(what string, cond func() (bool, error)) {
 
 func (e *env) stop() {
 	_ = e.upRouter.Close()
-	e.relay.close()
+	e.relay.Close()
 	_ = e.downRouter.Close()
 }
 
@@ -544,9 +547,12 @@ func (e *env) check(messages int, elapsed time.Duration) {
 			planned[f]++
 		}
 	}
-	fired, writes, restarts := e.relay.stats()
+	relaySt := e.relay.Stats()
+	e.mu.Lock()
+	fired, handles := e.fired, e.handles
+	e.mu.Unlock()
 	require.Equal(t, planned, fired, "forwarder faults (%v)", faultNames)
-	for _, h := range e.relay.handles {
+	for _, h := range handles {
 		require.Equal(t, 1, h.Hits(), "an injected Kafka fault did not answer its produce request")
 	}
 
@@ -575,241 +581,57 @@ func (e *env) check(messages int, elapsed time.Duration) {
 	}
 	t.Logf("%d orders (%d refused) in %d messages; %d outbox publishes rolled back; forwarder: %d Kafka writes, "+
 		"%d restarts%s; Kafka: %d records, %d duplicates (%d planned); downstream: executed %d, duplicates %d; %v",
-		events, events-accepted, messages, len(e.failedRuns), writes, restarts, faults,
+		events, events-accepted, messages, len(e.failedRuns), relaySt.Writes, relaySt.Restarts, faults,
 		len(records), duplicates, plannedDuplicates, downSt.Executed, downSt.Duplicates, elapsed.Round(time.Millisecond))
 }
 
-var errDead = errors.New("the forwarder process is dead")
-
-// relay runs Watermill's Forwarder (outbox table -> Kafka) as a process
-// that dies at the planned points and is replaced. A dead process sends
-// nothing more to Kafka or the database, and its open outbox transaction
-// rolls back instead of committing.
-type relay struct {
-	e *env
-
-	mu       sync.Mutex
-	applied  map[string]int // order event ID -> forwarder faults applied so far
-	fired    [numFaults]int
-	handles  []*kfake.FaultHandle
-	writes   int // successful Kafka publishes by the forwarder
-	restarts int
-
-	stopOnce sync.Once
-	stop     chan struct{}
-	done     chan struct{}
-}
-
+// startRelay runs the forwarder (outbox table -> Kafka) as a process that
+// dies at the planned points and is replaced, and has the broker refuse or
+// time out the planned writes.
 func (e *env) startRelay() {
-	e.relay = &relay{e: e, applied: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{})}
-	p, err := e.relay.spawn()
+	r, err := crashrelay.Start(e.db, crashrelay.Config{
+		Topic: e.outboxTopic, Schema: e.schema, Offsets: e.offsets,
+		Brokers:      e.brokers,
+		PartitionKey: "causation_id",
+		SaramaConfig: func() *sarama.Config {
+			cfg := kafkatest.Config()
+			cfg.Producer.Return.Successes = true
+			cfg.Producer.Retry.Backoff = 20 * time.Millisecond
+			return cfg
+		},
+		CrashAt:       e.forwarderFault,
+		RetryInterval: 20 * time.Millisecond,
+	})
 	require.NoError(e.t, err)
-	go e.relay.supervise(p)
-	e.t.Cleanup(e.relay.close)
+	e.relay = r
+	e.t.Cleanup(r.Close)
 }
 
-func (r *relay) close() {
-	r.stopOnce.Do(func() { close(r.stop) })
-	<-r.done
-}
-
-func (r *relay) stats() (fired [numFaults]int, writes, restarts int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.fired, r.writes, r.restarts
-}
-
-// supervise replaces each process that dies. The successor starts before
-// the dead one is cleaned up, as a restarted pod may while the database
-// still holds the dead one's session: it waits on the envelope's row lock
-// until the dead transaction rolls back.
-func (r *relay) supervise(p *process) {
-	defer close(r.done)
-	for {
-		select {
-		case <-r.stop:
-			p.close()
-			return
-		case <-p.crashed:
-		case <-p.exited:
-		}
-		next, err := r.spawn()
-		p.close()
-		for err != nil {
-			select {
-			case <-r.stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			next, err = r.spawn()
-		}
-		r.mu.Lock()
-		r.restarts++
-		r.mu.Unlock()
-		p = next
+// forwarderFault applies the planned fault, if any, of this attempt to
+// forward msg.
+func (e *env) forwarderFault(topic string, msg *message.Message, attempt int) crashrelay.Crash {
+	fs := forwarderFaults(orderNumber(msg.Metadata.Get("causation_id")))
+	if attempt >= len(fs) {
+		return crashrelay.None
 	}
-}
-
-// nextFault returns the fault of this attempt to forward msg, if any.
-func (r *relay) nextFault(msg *message.Message) (fault, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	id := msg.Metadata.Get("causation_id")
-	fs := forwarderFaults(orderNumber(id))
-	n := r.applied[id]
-	if n >= len(fs) {
-		return 0, false
+	f := fs[attempt]
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.fired[f]++
+	switch f {
+	case crashBeforePublish:
+		return crashrelay.BeforePublish
+	case crashAfterPublish:
+		return crashrelay.AfterPublish
+	case crashAtAckCommit:
+		return crashrelay.AtAckCommit
 	}
-	r.applied[id] = n + 1
-	r.fired[fs[n]]++
-	return fs[n], true
-}
-
-// process is one forwarder process: its own Kafka producer, SQL subscriber
-// and Forwarder.
-type process struct {
-	r      *relay
-	kafka  *kafka.Publisher
-	fwd    *forwarder.Forwarder
-	runErr error
-	exited chan struct{}
-
-	dead        atomic.Bool
-	dieAtCommit atomic.Bool
-	crashOnce   sync.Once
-	crashed     chan struct{}
-}
-
-func (r *relay) spawn() (*process, error) {
-	p := &process{r: r, exited: make(chan struct{}), crashed: make(chan struct{})}
-	cfg := kafkatest.Config()
-	cfg.Producer.Return.Successes = true
-	cfg.Producer.Retry.Backoff = 20 * time.Millisecond
-	var err error
-	p.kafka, err = kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: r.e.brokers,
-		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-			return msg.Metadata.Get("causation_id"), nil
-		}),
-		OverwriteSaramaConfig: cfg,
-	}, watermill.NopLogger{})
-	if err != nil {
-		return nil, err
+	code := kerr.UnknownServerError
+	if f == kafkaTimesOut {
+		code = kerr.RequestTimedOut
 	}
-	sub, err := wsql.NewSubscriber(processDB{wsql.BeginnerFromStdSQL(r.e.db), p}, wsql.SubscriberConfig{
-		SchemaAdapter:  r.e.schema,
-		OffsetsAdapter: r.e.offsets,
-		PollInterval:   10 * time.Millisecond,
-		ResendInterval: 10 * time.Millisecond,
-		RetryInterval:  20 * time.Millisecond,
-	}, watermill.NopLogger{})
-	if err == nil {
-		p.fwd, err = forwarder.NewForwarder(sub, p, watermill.NopLogger{}, forwarder.Config{
-			ForwarderTopic: r.e.outboxTopic,
-			CloseTimeout:   10 * time.Second,
-		})
-	}
-	if err != nil {
-		_ = p.kafka.Close()
-		return nil, err
-	}
-	go func() {
-		p.runErr = p.fwd.Run(context.Background())
-		close(p.exited)
-	}()
-	select {
-	case <-p.fwd.Running():
-		return p, nil
-	case <-p.exited:
-		_ = p.kafka.Close()
-		return nil, p.runErr
-	}
-}
-
-func (p *process) close() {
-	_ = p.fwd.Close()
-	<-p.exited
-	_ = p.kafka.Close()
-}
-
-func (p *process) die() {
-	p.dead.Store(true)
-	p.crashOnce.Do(func() { close(p.crashed) })
-}
-
-// Publish is the Forwarder's publisher: Kafka, with this attempt's fault.
-func (p *process) Publish(topic string, msgs ...*message.Message) error {
-	if p.dead.Load() {
-		return errDead
-	}
-	f, faulty := p.r.nextFault(msgs[0]) // the Forwarder publishes one message at a time
-	if faulty {
-		switch f {
-		case crashBeforePublish:
-			p.die()
-			return errDead
-		case kafkaRejects, kafkaTimesOut:
-			code := kerr.UnknownServerError
-			if f == kafkaTimesOut {
-				code = kerr.RequestTimedOut
-			}
-			// Only this process produces to the topic, one message at a
-			// time: the fault answers exactly this write.
-			h := p.r.e.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: code, Count: 1})
-			p.r.mu.Lock()
-			p.r.handles = append(p.r.handles, h)
-			p.r.mu.Unlock()
-		}
-	}
-	if err := p.kafka.Publish(topic, msgs...); err != nil {
-		return err // the Forwarder nacks; the subscriber retries in the same transaction
-	}
-	p.r.mu.Lock()
-	p.r.writes++
-	p.r.mu.Unlock()
-	if faulty {
-		switch f {
-		case crashAfterPublish:
-			p.die()
-			return errDead
-		case crashAtAckCommit:
-			p.dieAtCommit.Store(true)
-		}
-	}
-	return nil
-}
-
-// Close is a no-op: the relay closes the process's producer.
-func (p *process) Close() error { return nil }
-
-// processDB is the process's database connection: a dead process begins
-// nothing, and its transactions roll back instead of committing.
-type processDB struct {
-	wsql.Beginner
-	p *process
-}
-
-func (db processDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (wsql.Tx, error) {
-	if db.p.dead.Load() {
-		return nil, errDead
-	}
-	tx, err := db.Beginner.BeginTx(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return processTx{tx, db.p}, nil
-}
-
-type processTx struct {
-	wsql.Tx
-	p *process
-}
-
-func (tx processTx) Commit() error {
-	if tx.p.dead.Load() || tx.p.dieAtCommit.Load() {
-		tx.p.die()
-		_ = tx.Tx.Rollback()
-		return errDead
-	}
-	return tx.Tx.Commit()
+	// Only the relay's process produces to the topic, one message at a
+	// time: the fault answers exactly this write.
+	e.handles = append(e.handles, e.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: code, Count: 1}))
+	return crashrelay.None
 }
