@@ -61,6 +61,11 @@ func loadMigrations(fsys fs.FS, table string) ([]Migration, error) {
 // recorded in "<table>_migrations" in the same transaction that applies it
 // (MySQL commits DDL implicitly; the lock covers it there).
 //
+// On MySQL a crash between a version's DDL and its recording leaves the
+// version applied but unrecorded, and the next Migrate runs it again; every
+// MySQL migration file therefore checks before each step whether it is still
+// needed, and running it twice changes nothing.
+//
 // Migrate never runs by itself: nothing creates schema on a first message.
 func (s *Store) Migrate(ctx context.Context) (err error) {
 	ms, err := s.Migrations()

@@ -43,7 +43,13 @@ func (mysqlDialect) Queries(table string) Queries {
 			where + " AND attempt = ? AND status = ?",
 		TakeOver: "UPDATE inbox SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?" +
 			where + " AND attempt = ? AND status = 'processing' AND (lease_until IS NULL OR lease_until < ?)",
-		ExtendLease:   "UPDATE inbox SET lease_until = ?, updated_at = ?" + where + " AND attempt = ? AND status = 'processing'",
+		ExtendLease: "UPDATE inbox SET lease_until = ?, updated_at = ?" + where + " AND attempt = ? AND status = 'processing'",
+		// SelectPending, SelectStale and UnfinishedStats read the index
+		// inbox_status_updated_idx (status, updated_at) of migration 2: in
+		// status order, then oldest update first, so the scans need no sort.
+		// It is on updated_at rather than lease_until because MySQL has no
+		// partial index: finished rows are in it too, and by updated_at they
+		// are added at the end of their status's range instead of at random.
 		SelectPending: "SELECT " + cols + " FROM inbox WHERE status = 'pending' ORDER BY updated_at LIMIT ?",
 		SelectStale: "SELECT " + cols + " FROM inbox\n" +
 			"WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?\n" +

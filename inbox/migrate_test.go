@@ -1,0 +1,232 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"io/fs"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testdb"
+)
+
+// TestMigrationsRenameEveryIdentifier checks that no identifier written for a
+// table called "inbox" survives the rename, in DDL, in index names and in the
+// string literals MySQL's migrations compare with information_schema.
+func TestMigrationsRenameEveryIdentifier(t *testing.T) {
+	leftover := regexp.MustCompile(`\binbox\b|\binbox_`)
+	for _, d := range []inbox.Dialect{inbox.Postgres(), inbox.MySQL(), inbox.SQLite()} {
+		t.Run(d.Name(), func(t *testing.T) {
+			ms, err := inbox.LoadMigrations(d.Migrations(), "acme")
+			require.NoError(t, err)
+			require.NotEmpty(t, ms)
+			for i, m := range ms {
+				require.Equal(t, i+1, m.Version, "versions run 1, 2, …")
+				for _, stmt := range inbox.SplitStatements(m.Up) {
+					require.NotRegexp(t, leftover, stmt, "version %d", m.Version)
+				}
+			}
+			// Every up file has its down file.
+			ups, err := fs.Glob(d.Migrations(), "*.up.sql")
+			require.NoError(t, err)
+			for _, up := range ups {
+				_, err := fs.Stat(d.Migrations(), strings.TrimSuffix(up, ".up.sql")+".down.sql")
+				require.NoError(t, err, up)
+			}
+		})
+	}
+
+	ms, err := inbox.LoadMigrations(inbox.MySQL().Migrations(), "acme")
+	require.NoError(t, err)
+	require.Len(t, ms, 2)
+	require.Equal(t, "status_updated_index", ms[1].Name)
+	require.Contains(t, ms[1].Up, "table_name = 'acme'")
+	require.Contains(t, ms[1].Up, "ADD INDEX acme_status_updated_idx (status, updated_at)")
+	require.Contains(t, ms[1].Up, "DROP INDEX acme_status_lease_idx")
+}
+
+// TestMySQLStatusIndex checks that migration 2 replaces the status index, and
+// that it and its down file can each run again after a crash at any point:
+// MySQL commits DDL implicitly, so Migrate may find a version applied but not
+// recorded.
+func TestMySQLStatusIndex(t *testing.T) {
+	db := testdb.Open(t, testdb.MySQL)
+	ctx := context.Background()
+	table := testdb.UniqueName("inbox")
+	t.Cleanup(func() {
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_migrations")
+	})
+	store, err := inbox.NewStore(db, inbox.MySQL(), inbox.Config{Table: table})
+	require.NoError(t, err)
+	oldIdx, newIdx := table+"_status_lease_idx", table+"_status_updated_idx"
+
+	// indexes returns the table's secondary indexes and their columns.
+	indexes := func(t *testing.T) map[string]string {
+		t.Helper()
+		rows, err := db.QueryContext(ctx, `SELECT index_name, GROUP_CONCAT(column_name ORDER BY seq_in_index)
+FROM information_schema.statistics
+WHERE table_schema = DATABASE() AND table_name = ? AND index_name <> 'PRIMARY'
+GROUP BY index_name`, table)
+		require.NoError(t, err)
+		defer rows.Close()
+		got := map[string]string{}
+		for rows.Next() {
+			var name, cols string
+			require.NoError(t, rows.Scan(&name, &cols))
+			got[name] = cols
+		}
+		require.NoError(t, rows.Err())
+		return got
+	}
+	migrated := map[string]string{table + "_expires_at_idx": "expires_at", newIdx: "status,updated_at"}
+	version1 := map[string]string{table + "_expires_at_idx": "expires_at", oldIdx: "status,lease_until"}
+	applied := func(t *testing.T, want ...int) {
+		t.Helper()
+		vs, err := store.AppliedMigrations(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, vs)
+	}
+	forget2 := func(t *testing.T) {
+		t.Helper()
+		_, err := db.ExecContext(ctx, "DELETE FROM "+table+"_migrations WHERE version = 2")
+		require.NoError(t, err)
+	}
+	// runFile runs a migration file by hand, as a user would, on one
+	// connection: its user variable and prepared statement are per session.
+	runFile := func(t *testing.T, name string) {
+		t.Helper()
+		body, err := fs.ReadFile(inbox.MySQL().Migrations(), name)
+		require.NoError(t, err)
+		conn, err := db.Conn(ctx)
+		require.NoError(t, err)
+		defer conn.Close()
+		for _, stmt := range inbox.SplitStatements(inbox.RenameTable(string(body), table)) {
+			_, err := conn.ExecContext(ctx, stmt)
+			require.NoError(t, err, stmt)
+		}
+	}
+
+	require.NoError(t, store.Migrate(ctx))
+	applied(t, 1, 2)
+	require.Equal(t, migrated, indexes(t))
+
+	// Records in every status survive the round trips below.
+	for i, status := range []string{"processing", "pending", "completed", "failed"} {
+		_, err := db.ExecContext(ctx, "INSERT INTO "+table+
+			" (operation, `key`, payload_hash, status, created_at, updated_at) VALUES ('op', ?, 'h', ?, NOW(6), NOW(6))",
+			i, status)
+		require.NoError(t, err)
+	}
+
+	t.Run("CrashBeforeRecording", func(t *testing.T) {
+		forget2(t)
+		require.NoError(t, store.Migrate(ctx))
+		applied(t, 1, 2)
+		require.Equal(t, migrated, indexes(t))
+	})
+
+	t.Run("CrashBetweenSteps", func(t *testing.T) {
+		// The new index is built, the old one not dropped yet.
+		_, err := db.ExecContext(ctx, "ALTER TABLE "+table+" ADD INDEX "+oldIdx+" (status, lease_until)")
+		require.NoError(t, err)
+		forget2(t)
+		require.NoError(t, store.Migrate(ctx))
+		applied(t, 1, 2)
+		require.Equal(t, migrated, indexes(t))
+	})
+
+	t.Run("DownAndUpAgain", func(t *testing.T) {
+		runFile(t, "002_status_updated_index.down.sql")
+		require.Equal(t, version1, indexes(t))
+		runFile(t, "002_status_updated_index.down.sql")
+		require.Equal(t, version1, indexes(t))
+
+		// The down file leaves the runner's record alone, as 001's does.
+		applied(t, 1, 2)
+		forget2(t)
+		require.NoError(t, store.Migrate(ctx))
+		applied(t, 1, 2)
+		require.Equal(t, migrated, indexes(t))
+
+		runFile(t, "002_status_updated_index.up.sql")
+		require.Equal(t, migrated, indexes(t))
+	})
+
+	t.Run("ScansUseTheIndex", func(t *testing.T) {
+		// Mostly completed records, as in a working inbox, a few in the
+		// other statuses; 10,000 rows from a cross join (MySQL has no
+		// sequence engine).
+		digits := "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4" +
+			" UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
+		_, err := db.ExecContext(ctx, "INSERT INTO "+table+
+			" (operation, `key`, payload_hash, status, lease_until, created_at, updated_at)\n"+
+			"SELECT 'bulk', n, 'h', CASE n % 200 WHEN 0 THEN 'processing' WHEN 1 THEN 'pending' WHEN 2 THEN 'failed' ELSE 'completed' END,\n"+
+			"\tIF(n % 200 = 0, UTC_TIMESTAMP(6) - INTERVAL n % 7 MINUTE, NULL),\n"+
+			"\tUTC_TIMESTAMP(6) - INTERVAL n SECOND, UTC_TIMESTAMP(6) - INTERVAL n SECOND\n"+
+			"FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d AS n FROM "+
+			digits+" a, "+digits+" b, "+digits+" c, "+digits+" e) g")
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, err := db.ExecContext(ctx, "DELETE FROM "+table+" WHERE operation = 'bulk'")
+			require.NoError(t, err)
+		})
+		_, err = db.ExecContext(ctx, "ANALYZE TABLE "+table)
+		require.NoError(t, err)
+
+		q := inbox.MySQL().Queries(table)
+		now := time.Now().UTC()
+		for name, c := range map[string]struct {
+			query string
+			args  []any
+		}{
+			"SelectPending":   {q.SelectPending, []any{100}},
+			"SelectStale":     {q.SelectStale, []any{now, now.Add(-time.Minute), 100}},
+			"UnfinishedStats": {q.UnfinishedStats, nil},
+		} {
+			rows, err := db.QueryContext(ctx, "EXPLAIN "+c.query, c.args...)
+			require.NoError(t, err, name)
+			plans := explain(t, rows)
+			require.Len(t, plans, 1, name)
+			require.Equal(t, newIdx, plans[0]["key"], "%s: %v", name, plans[0])
+			require.NotContains(t, plans[0]["Extra"], "filesort", "%s: %v", name, plans[0])
+		}
+	})
+
+	var n int
+	require.NoError(t, db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table).Scan(&n))
+	require.Equal(t, 4, n)
+	st, err := store.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.Processing)
+	require.Equal(t, int64(1), st.Pending)
+}
+
+// explain reads EXPLAIN rows as column name to value.
+func explain(t *testing.T, rows *sql.Rows) []map[string]string {
+	t.Helper()
+	defer rows.Close()
+	cols, err := rows.Columns()
+	require.NoError(t, err)
+	var out []map[string]string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		require.NoError(t, rows.Scan(ptrs...))
+		row := map[string]string{}
+		for i, c := range cols {
+			row[c] = vals[i].String
+		}
+		out = append(out, row)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
