@@ -69,7 +69,7 @@ func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Mess
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepoint); err != nil {
 		return nil, OutcomeRetry, fmt.Errorf("dedup: savepoint: %w", d.store.Classify(err))
 	}
-	out, outcome, _, err := d.inTx(ctx, tx, msg, h, id)
+	out, outcome, _, err := d.inTx(ctx, tx, tx, msg, h, id)
 	if err == nil && outcome == OutcomeExecuted {
 		if _, rerr := tx.ExecContext(ctx, "RELEASE SAVEPOINT "+savepoint); rerr != nil {
 			d.txs.abort(tx)

@@ -51,11 +51,11 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message.HandlerFunc, id identity) (
 	out []*message.Message, outcome Outcome, ran bool, err error,
 ) {
-	tx, err := d.store.DB().BeginTx(ctx, d.cfg.TxOptions)
+	tx, err := d.store.BeginTx(ctx, d.cfg.TxOptions)
 	if err != nil {
 		return nil, OutcomeRetry, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
 	}
-	out, outcome, ran, err = d.inTx(ctx, tx, msg, h, id)
+	out, outcome, ran, err = d.inTx(ctx, tx, tx.Tx, msg, h, id)
 	if err != nil || outcome != OutcomeExecuted {
 		// A duplicate only read; a failure must leave nothing behind.
 		_ = tx.Rollback()
@@ -70,15 +70,17 @@ func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message
 }
 
 // inTx claims the message in tx and, when the key is new, runs h in it and
-// stores h's output. It neither commits nor rolls back: the caller owns tx,
+// stores h's output. The store's statements go through q: tx itself, or
+// the *inbox.Tx wrapping it, which lets the store use its prepared
+// statements. It neither commits nor rolls back: the caller owns tx,
 // whether the middleware began it or a transport's consuming transaction
 // (with a savepoint around the attempt) is joined. On OutcomeExecuted the
 // caller commits; on anything else it rolls back.
-func (d *Deduplicator) inTx(ctx context.Context, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, id identity) (
+func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, id identity) (
 	out []*message.Message, outcome Outcome, ran bool, err error,
 ) {
 	start := time.Now()
-	res, err := d.store.Claim(ctx, tx, inbox.ClaimParams{
+	res, err := d.store.Claim(ctx, q, inbox.ClaimParams{
 		Scope:         id.scope,
 		Operation:     id.operation,
 		Key:           id.key,
@@ -110,7 +112,7 @@ func (d *Deduplicator) inTx(ctx context.Context, tx *sql.Tx, msg *message.Messag
 		if err != nil {
 			return nil, OutcomeRetry, true, err
 		}
-		err = d.store.Finish(ctx, tx, inbox.FinishParams{
+		err = d.store.Finish(ctx, q, inbox.FinishParams{
 			Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: res.Record.Attempt,
 			From: inbox.StatusCompleted, To: inbox.StatusCompleted, Result: enc,
 		})

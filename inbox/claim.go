@@ -117,7 +117,7 @@ func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, 
 	}
 	now := s.now().UTC()
 	for range claimRetries {
-		res, err := q.ExecContext(ctx, s.q.Insert,
+		res, err := s.execContext(ctx, q, s.q.Insert,
 			p.Scope, p.Operation, p.Key, p.PayloadHash, string(p.Status), p.LeaseOwner,
 			s.timeArg(p.LeaseUntil), p.CorrelationID, p.Error, s.timeArg(now), s.timeArg(now), s.timeArg(p.ExpiresAt))
 		if err != nil {
@@ -134,7 +134,7 @@ func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, 
 				CorrelationID: p.CorrelationID, Error: p.Error, CreatedAt: now, UpdatedAt: now, ExpiresAt: p.ExpiresAt,
 			}}, nil
 		}
-		rec, err := scanRecord(q.QueryRowContext(ctx, s.q.SelectForClaim, p.Scope, p.Operation, p.Key))
+		rec, err := scanRecord(s.queryRowContext(ctx, q, s.q.SelectForClaim, p.Scope, p.Operation, p.Key))
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -154,7 +154,7 @@ func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, 
 
 // Get reads one record through q, or returns [ErrNotFound].
 func (s *Store) Get(ctx context.Context, q DBTX, scope, operation, key string) (*Record, error) {
-	rec, err := scanRecord(q.QueryRowContext(ctx, s.q.Select, scope, operation, key))
+	rec, err := scanRecord(s.queryRowContext(ctx, q, s.q.Select, scope, operation, key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}

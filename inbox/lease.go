@@ -73,7 +73,7 @@ type TakeOverParams struct {
 // [ErrLeaseLost].
 func (s *Store) TakeOver(ctx context.Context, q DBTX, p TakeOverParams) (bool, error) {
 	now := s.now()
-	res, err := q.ExecContext(ctx, s.q.TakeOver, p.LeaseOwner, s.timeArg(p.LeaseUntil), s.timeArg(now),
+	res, err := s.execContext(ctx, q, s.q.TakeOver, p.LeaseOwner, s.timeArg(p.LeaseUntil), s.timeArg(now),
 		p.Scope, p.Operation, p.Key, p.Attempt, s.timeArg(now))
 	if err != nil {
 		return false, fmt.Errorf("inbox: take over: %w", s.Classify(err))
@@ -101,7 +101,7 @@ func (s *Store) ExtendLease(ctx context.Context, q DBTX, scope, operation, key s
 // already in place: there the record is read to tell which.
 func (s *Store) exec1(ctx context.Context, q DBTX, what, query string, applied func(*Record) bool,
 	scope, operation, key string, args ...any) error {
-	res, err := q.ExecContext(ctx, query, args...)
+	res, err := s.execContext(ctx, q, query, args...)
 	if err != nil {
 		return fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
 	}

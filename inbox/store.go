@@ -25,7 +25,8 @@ var (
 )
 
 // MaxTableLen bounds the table name so that the longest derived name
-// ("<table>_status_lease_idx") fits PostgreSQL's 63-byte identifiers.
+// ("<table>_status_updated_idx", on MySQL) fits PostgreSQL's 63-byte and
+// MySQL's 64-byte identifiers.
 const MaxTableLen = 40
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -58,6 +59,11 @@ type Config struct {
 	// Now returns the current time for created_at, updated_at and the like.
 	// Defaults to time.Now. Tests set it to move time.
 	Now func() time.Time
+
+	// Prepare decides whether frequent statements are prepared once per
+	// connection. Defaults to PrepareAuto: on for MySQL and SQLite, off for
+	// PostgreSQL. See [Store.Close].
+	Prepare Prepare
 }
 
 func (c Config) withDefaults() Config {
@@ -78,6 +84,9 @@ func (c Config) validate() error {
 	if !identifier.MatchString(c.Table) {
 		errs = append(errs, fmt.Errorf("%w: table name %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)", ErrInvalidConfig, c.Table))
 	}
+	if c.Prepare < PrepareAuto || c.Prepare > PrepareNever {
+		errs = append(errs, fmt.Errorf("%w: unknown %v", ErrInvalidConfig, c.Prepare))
+	}
 	if reserved[strings.ToLower(c.Table)] {
 		errs = append(errs, fmt.Errorf("%w: table name %q is an SQL reserved word; the store does not quote it", ErrInvalidConfig, c.Table))
 	}
@@ -91,6 +100,7 @@ type Store struct {
 	table   string
 	q       Queries
 	now     func() time.Time
+	stmts   stmtCache
 }
 
 // NewStore returns a store over db that speaks dialect. It checks the
@@ -109,13 +119,15 @@ func NewStore(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Store{
+	s := &Store{
 		db:      db,
 		dialect: dialect,
 		table:   cfg.Table,
 		q:       dialect.Queries(cfg.Table),
 		now:     cfg.Now,
-	}, nil
+	}
+	s.stmts.on = cfg.Prepare.enabled(dialect)
+	return s, nil
 }
 
 // DB returns the database the store was created with.

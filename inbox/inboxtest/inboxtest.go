@@ -37,6 +37,19 @@ type Harness struct {
 	// Concurrency is how many deliveries of one event race in the
 	// concurrency tests. Defaults to 32.
 	Concurrency int
+	// Prepare is passed to every store the suite creates (inbox.Config).
+	Prepare inbox.Prepare
+}
+
+// config is the store configuration of a test's own table.
+func (h Harness) config(table string) inbox.Config {
+	return inbox.Config{Table: table, Prepare: h.Prepare}
+}
+
+// closeStore releases the store's prepared statements when the test ends;
+// a shared database would otherwise collect them from every test.
+func closeStore(t testing.TB, s *inbox.Store) {
+	t.Cleanup(func() { _ = s.Close() })
 }
 
 // Run runs the whole suite as subtests of t.
@@ -68,8 +81,9 @@ func setup(t *testing.T, h Harness) *bundle {
 	t.Helper()
 	db := h.DB(t)
 	b := &bundle{h: h, db: db, table: uniqueName("inbox"), effects: uniqueName("effects"), ctx: context.Background()}
-	store, err := inbox.NewStore(db, h.Dialect, inbox.Config{Table: b.table})
+	store, err := inbox.NewStore(db, h.Dialect, h.config(b.table))
 	require.NoError(t, err)
+	closeStore(t, store)
 	require.NoError(t, store.Migrate(b.ctx))
 	b.store = store
 	// No unique constraint on purpose: a duplicated effect must show up as

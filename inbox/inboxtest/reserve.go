@@ -33,8 +33,11 @@ func setupReserve(t *testing.T, h Harness) *rw {
 	b := setup(t, h)
 	r := &rw{bundle: b, clock: &clock{}, effects: map[string]int{}}
 	// Replace the bundle's store by one on the shared clock.
-	store, err := inbox.NewStore(b.db, h.Dialect, inbox.Config{Table: b.table, Now: r.clock.Now})
+	cfg := h.config(b.table)
+	cfg.Now = r.clock.Now
+	store, err := inbox.NewStore(b.db, h.Dialect, cfg)
 	require.NoError(t, err)
+	closeStore(t, store)
 	r.store = store
 	return r
 }

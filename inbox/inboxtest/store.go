@@ -39,7 +39,7 @@ func runStore(t *testing.T, h Harness) {
 		var wg sync.WaitGroup
 		for i := range n {
 			wg.Go(func() {
-				s, err := inbox.NewStore(db, h.Dialect, inbox.Config{Table: table})
+				s, err := inbox.NewStore(db, h.Dialect, h.config(table))
 				if err == nil {
 					err = s.Migrate(context.Background())
 				}
@@ -50,8 +50,9 @@ func runStore(t *testing.T, h Harness) {
 		for _, err := range errs {
 			require.NoError(t, err)
 		}
-		s, err := inbox.NewStore(db, h.Dialect, inbox.Config{Table: table})
+		s, err := inbox.NewStore(db, h.Dialect, h.config(table))
 		require.NoError(t, err)
+		closeStore(t, s)
 		vs, err := s.AppliedMigrations(context.Background())
 		require.NoError(t, err)
 		ms, err := s.Migrations()
