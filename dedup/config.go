@@ -116,10 +116,13 @@ type Config struct {
 	// Lease is how long a reserve-mode claim is exclusively this worker's
 	// before another delivery may take it over. Defaults to 30 s. The
 	// heartbeat keeps extending it while the handler runs. Expiry is judged
-	// by each worker's clock (the store's Now): keep worker clocks within
-	// Lease - HeartbeatInterval of each other (NTP does), or a worker whose
-	// clock runs ahead takes over a live lease; fencing then still keeps the
-	// slower worker from recording, but both handlers run.
+	// by the store's Now, which follows the database server's clock
+	// (inbox.Config.ClockSync, on by default for PostgreSQL and MySQL): the
+	// middleware syncs it before its first reservation. With the sync
+	// turned off, keep worker clocks within Lease - HeartbeatInterval of
+	// each other, or a worker whose clock runs ahead takes over a live
+	// lease; fencing then still keeps the slower worker from recording, but
+	// both handlers run.
 	Lease time.Duration
 
 	// HeartbeatInterval is how often a running reserve-mode handler's lease

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -28,6 +29,8 @@ type Deduplicator struct {
 	stats   counters
 	txs     txRegistry
 	dups    dupRate
+	// clockSynced: the store's clock was synced before the first reservation.
+	clockSynced atomic.Bool
 }
 
 // New returns a Deduplicator over store. It validates cfg (reporting every

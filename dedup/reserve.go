@@ -30,6 +30,14 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 ) {
 	ctx := msg.Context()
 	db := d.store.DB()
+	if d.clockSynced.CompareAndSwap(false, true) {
+		// Leases are judged by the database's clock (inbox.Config.ClockSync);
+		// measure it before the first reservation rather than in the
+		// background after it. A failure leaves the local clock in use
+		// until the store's own retry; the claim reports a database that
+		// is down.
+		_ = d.store.SyncClock(ctx)
+	}
 	waitUntil := time.Now().Add(max(d.cfg.InFlightWait, 0))
 	var rec *inbox.Record
 	for {

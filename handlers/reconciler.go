@@ -227,6 +227,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileReport, error) {
 	defer r.runMu.Unlock()
 	rep := ReconcileReport{Resolved: map[Verdict]int{}}
 	db := r.store.DB()
+	if _, synced := r.store.ClockOffset(); !synced {
+		// Staleness and leases are judged by the database's clock
+		// (inbox.Config.ClockSync); the store keeps it synced after this.
+		_ = r.store.SyncClock(ctx)
+	}
 
 	var recs []*inbox.Record
 	var errs []error

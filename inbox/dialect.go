@@ -90,6 +90,11 @@ type Queries struct {
 	Purge string
 	// Delete removes one record. Args: scope, operation, key.
 	Delete string
+	// Clock reads the database server's current time as microseconds since
+	// the Unix epoch (one BIGINT column), for [Config.ClockSync]. Empty
+	// where every client shares the database's clock (SQLite, in process).
+	// Args: none.
+	Clock string
 
 	// ZeroRowsAmbiguous is set where an UPDATE that matched a row but
 	// changed no value reports zero rows affected (MySQL without

@@ -48,6 +48,7 @@ WHERE scope = $3 AND operation = $4 AND key = $5 AND attempt = $6 AND status = '
 WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < $1) AND updated_at < $2
 ORDER BY updated_at LIMIT $3`,
 		UnfinishedStats: `SELECT status, count(*), min(created_at) FROM inbox WHERE status IN ` + unfinishedStatuses + ` GROUP BY status`,
+		Clock:           `SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`,
 		OldestExpired:   `SELECT min(expires_at) FROM inbox WHERE expires_at IS NOT NULL AND status IN ` + finishedStatuses,
 		// PostgreSQL has no DELETE ... LIMIT; the batch is picked by primary
 		// key, skipping rows a claim holds so that a purge never waits on one.

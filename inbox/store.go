@@ -60,15 +60,32 @@ type Config struct {
 	// Defaults to time.Now. Tests set it to move time.
 	Now func() time.Time
 
+	// ClockSync is how often the store measures how far Now is from the
+	// database server's clock, and corrects Now by that offset. Leases,
+	// take-overs, stale scans and expiry are then judged by one clock, the
+	// database's, in every worker: a worker whose own clock ran ahead would
+	// otherwise see live leases as expired and take them over. Defaults to
+	// DefaultClockSync when Now is nil, and to off when Now is set (a test
+	// moving time keeps its clock); negative turns it off. Dialects without
+	// a Queries.Clock (SQLite: every client is on the database's host) never
+	// sync. See [Store.SyncClock].
+	ClockSync time.Duration
+
 	// Prepare decides whether frequent statements are prepared once per
 	// connection. Defaults to PrepareAuto: on for MySQL and SQLite, off for
 	// PostgreSQL. See [Store.Close].
 	Prepare Prepare
 }
 
+// DefaultClockSync is Config.ClockSync's default.
+const DefaultClockSync = 30 * time.Second
+
 func (c Config) withDefaults() Config {
 	if c.Table == "" {
 		c.Table = "inbox"
+	}
+	if c.ClockSync == 0 && c.Now == nil {
+		c.ClockSync = DefaultClockSync
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -99,8 +116,9 @@ type Store struct {
 	dialect Dialect
 	table   string
 	q       Queries
-	now     func() time.Time
+	clock   func() time.Time
 	stmts   stmtCache
+	sync    clockSync
 }
 
 // NewStore returns a store over db that speaks dialect. It checks the
@@ -124,9 +142,12 @@ func NewStore(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 		dialect: dialect,
 		table:   cfg.Table,
 		q:       dialect.Queries(cfg.Table),
-		now:     cfg.Now,
+		clock:   cfg.Now,
 	}
 	s.stmts.on = cfg.Prepare.enabled(dialect)
+	if cfg.ClockSync > 0 && s.q.Clock != "" {
+		s.sync.every = cfg.ClockSync
+	}
 	return s, nil
 }
 
@@ -139,7 +160,8 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 // Table returns the inbox table's name.
 func (s *Store) Table() string { return s.table }
 
-// Now returns the store's current time (Config.Now).
+// Now returns the store's current time: Config.Now, corrected by the
+// offset to the database's clock measured last (Config.ClockSync).
 func (s *Store) Now() time.Time { return s.now() }
 
 // Classify classifies an error of the store's own database calls:

@@ -64,6 +64,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
 	t.Run("Reserve", func(t *testing.T) { runReserve(t, h) })
 	t.Run("Purge", func(t *testing.T) { runPurge(t, h) })
+	t.Run("Clock", func(t *testing.T) { runClock(t, h) })
 }
 
 // bundle is what one test needs: a migrated store over a fresh table, and a

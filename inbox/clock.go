@@ -1,0 +1,78 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// clockSync keeps the offset between the store's clock and the database's.
+type clockSync struct {
+	every    time.Duration // 0: off
+	offset   atomic.Int64  // database minus local, in nanoseconds
+	measured atomic.Bool
+	next     atomic.Int64 // local UnixNano of the next measurement
+	running  atomic.Bool  // a background measurement is in flight
+}
+
+// clockSyncTimeout bounds one measurement.
+const clockSyncTimeout = 5 * time.Second
+
+// now is Config.Now corrected by the last measured offset. When a
+// measurement is due it starts one in the background and goes on with the
+// offset it has: now is called with the caller's transaction open, and a
+// query of its own would need a second connection the pool may not have.
+func (s *Store) now() time.Time {
+	t := s.clock()
+	c := &s.sync
+	if c.every <= 0 {
+		return t
+	}
+	if t.UnixNano() >= c.next.Load() && c.running.CompareAndSwap(false, true) {
+		go func() {
+			defer c.running.Store(false)
+			ctx, cancel := context.WithTimeout(context.Background(), clockSyncTimeout)
+			defer cancel()
+			_ = s.SyncClock(ctx) // on failure the previous offset stays
+		}()
+	}
+	return t.Add(time.Duration(c.offset.Load()))
+}
+
+// SyncClock measures the offset between Config.Now and the database
+// server's clock now, and corrects [Store.Now] by it from then on. The store
+// does this by itself in the background every Config.ClockSync, starting
+// at its first use; call SyncClock at start-up, before taking work, so
+// that not even the first lease is judged by an unsynchronized clock. It
+// does nothing (and returns nil) when clock sync is off or the dialect has
+// no Queries.Clock.
+//
+// The offset is the server's time minus the local time halfway through the
+// query's round trip, so it is off by at most half of that round trip.
+func (s *Store) SyncClock(ctx context.Context) error {
+	c := &s.sync
+	if c.every <= 0 {
+		return nil
+	}
+	before := s.clock()
+	var micros int64
+	if err := s.db.QueryRowContext(ctx, s.q.Clock).Scan(&micros); err != nil {
+		// Try again soon rather than a whole period later.
+		c.next.Store(before.Add(min(c.every, time.Second)).UnixNano())
+		return fmt.Errorf("inbox: read the database's clock: %w", s.Classify(err))
+	}
+	after := s.clock()
+	local := before.Add(after.Sub(before) / 2)
+	c.offset.Store(int64(time.UnixMicro(micros).Sub(local)))
+	c.measured.Store(true)
+	c.next.Store(after.Add(c.every).UnixNano())
+	return nil
+}
+
+// ClockOffset returns the last measured offset of the database's clock
+// from Config.Now (positive: the database is ahead), and whether one was
+// measured yet.
+func (s *Store) ClockOffset() (time.Duration, bool) {
+	return time.Duration(s.sync.offset.Load()), s.sync.measured.Load()
+}

@@ -1,0 +1,94 @@
+package inboxtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// runClock checks that leases are judged by the database's clock, not by
+// the clock of the worker that looks at them.
+func runClock(t *testing.T, h Harness) {
+	hasClock := h.Dialect.Queries("inbox").Clock != ""
+
+	// skewedStore is a store over b's table whose worker clock is off by skew.
+	skewedStore := func(t *testing.T, b *bundle, skew, sync time.Duration) *inbox.Store {
+		cfg := h.config(b.table)
+		cfg.Now = func() time.Time { return time.Now().Add(skew) }
+		cfg.ClockSync = sync
+		s, err := inbox.NewStore(b.db, h.Dialect, cfg)
+		require.NoError(t, err)
+		closeStore(t, s)
+		return s
+	}
+
+	t.Run("SyncClockMeasuresTheOffset", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, h)
+		s := skewedStore(t, b, -time.Hour, time.Minute) // an hour behind
+		require.NoError(t, s.SyncClock(b.ctx))
+		off, measured := s.ClockOffset()
+		if !hasClock {
+			require.False(t, measured, "a dialect without a clock query never syncs")
+			require.WithinDuration(t, time.Now().Add(-time.Hour), s.Now(), time.Minute)
+			return
+		}
+		require.True(t, measured)
+		// The test's database runs on a clock close to this process's.
+		require.InDelta(t, float64(time.Hour), float64(off), float64(10*time.Second))
+		require.WithinDuration(t, time.Now(), s.Now(), 10*time.Second)
+	})
+
+	if !hasClock {
+		return // every client shares the database's clock: nothing to sync
+	}
+
+	t.Run("ClockIsSyncedInTheBackground", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, h)
+		s := skewedStore(t, b, 2*time.Hour, time.Minute)
+		_ = s.Now() // the first use starts a measurement
+		require.Eventually(t, func() bool { _, ok := s.ClockOffset(); return ok }, 10*time.Second, 10*time.Millisecond)
+		require.WithinDuration(t, time.Now(), s.Now(), 10*time.Second)
+	})
+
+	t.Run("AWorkerAheadDoesNotTakeOverALiveLease", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name     string
+			sync     time.Duration
+			takeOver bool
+		}{
+			{"synced", time.Minute, false},
+			// The hazard the sync removes: by its own clock the lease is
+			// an hour past.
+			{"unsynced", -1, true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				b := setup(t, h)
+				holder := skewedStore(t, b, 0, time.Minute)
+				ahead := skewedStore(t, b, time.Hour, tc.sync)
+				require.NoError(t, holder.SyncClock(b.ctx))
+				require.NoError(t, ahead.SyncClock(b.ctx))
+				ctx := context.Background()
+				res, err := holder.Claim(ctx, b.db, inbox.ClaimParams{
+					Operation: "charge", Key: "pay-1", PayloadHash: []byte{1},
+					LeaseOwner: "holder", LeaseUntil: holder.Now().Add(time.Minute),
+				})
+				require.NoError(t, err)
+				require.True(t, res.Claimed)
+
+				ok, err := ahead.TakeOver(ctx, b.db, inbox.TakeOverParams{
+					Operation: "charge", Key: "pay-1", Attempt: 1,
+					LeaseOwner: "ahead", LeaseUntil: ahead.Now().Add(time.Minute),
+				})
+				require.NoError(t, err)
+				require.Equal(t, tc.takeOver, ok)
+			})
+		}
+	})
+}
