@@ -12,12 +12,13 @@
 #   --quick                 1000 messages per measurement, inbox growth up to 1M rows (under 5 minutes on 2 cores)
 #   --dialects pg,mysql,sqlite
 #   --workers 1,8,32
-#   --scenarios plain,inboxmill,inboxmill_dup,inboxmill_dup_tx,inboxmill_reserve,watermill_dedup,
+#   --scenarios plain,plain_stmt,inboxmill,inboxmill_dup,inboxmill_dup_tx,inboxmill_reserve,watermill_dedup,
 #               select_then_insert,growth,kafka,sqlqueue
 #   --msgs N                messages per measurement (5000 by default)
 #   --rounds N              measurements per scenario, dialect and worker count, interleaved;
 #                           BENCH reports the median (3 by default; each round is logged to stderr)
 #   --growth 0,1m,10m       inbox sizes for the growth scenario
+#   --prepare auto          the stores' inbox.Config.Prepare (auto, always, never)
 #   --cpuprofile FILE       CPU profile of the whole run, for go tool pprof
 #   --markdown FILE         the results and ratios as Markdown tables
 #

@@ -95,12 +95,13 @@ type fixture struct {
 	tables  []string
 	effects string // the business table: one row per executed handler
 	insert  string // INSERT INTO effects (event_id, amount)
+	prepare inbox.Prepare
 }
 
 // newFixture opens a dedicated *sql.DB with conns connections and creates
 // the business table.
 func (b *bench) newFixture(ctx context.Context, d dialect, prefix string, conns int) (*fixture, error) {
-	f := &fixture{d: d}
+	f := &fixture{d: d, prepare: b.opts.prepare}
 	dsn := ""
 	if d.name == "sqlite" {
 		f.file = filepath.Join(b.sqliteDir, testdb.UniqueName(prefix)+".db")
@@ -132,7 +133,7 @@ func (f *fixture) exec(ctx context.Context, query string, args ...any) error {
 
 // newStore creates and migrates an inbox table of its own.
 func (f *fixture) newStore(ctx context.Context) (*inbox.Store, error) {
-	store, err := inbox.NewStore(f.db, f.d.inbox, inbox.Config{Table: testdb.UniqueName("bench_inbox")})
+	store, err := inbox.NewStore(f.db, f.d.inbox, inbox.Config{Table: testdb.UniqueName("bench_inbox"), Prepare: f.prepare})
 	if err != nil {
 		return nil, err
 	}

@@ -32,6 +32,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
 func main() {
@@ -43,11 +45,11 @@ func main() {
 	}
 }
 
-// The scenarios, in the order they run. The first seven run per dialect and
+// The scenarios, in the order they run. The first eight run per dialect and
 // worker count; growth per dialect and inbox size; kafka per dialect with
 // one worker per partition; sqlqueue on PostgreSQL with one subscriber.
 var allScenarios = []string{
-	"plain", "inboxmill", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
+	"plain", "plain_stmt", "inboxmill", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
 	"growth", "kafka", "sqlqueue",
 }
 
@@ -62,6 +64,7 @@ type options struct {
 	growth       []int64
 	cpuProfile   string
 	markdown     string
+	prepare      inbox.Prepare
 }
 
 func (o options) has(scenario string) bool { return slices.Contains(o.scenarios, scenario) }
@@ -72,6 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var (
 		o                                   options
 		dialects, workers, scenarios, sizes string
+		prepare                             string
 	)
 	fs.BoolVar(&o.quick, "quick", false, "fewer messages per measurement and growth up to 1M rows (under 5 minutes on 2 cores)")
 	fs.BoolVar(&o.smoke, "smoke", false, "a tiny run that only proves every scenario works (what the test runs)")
@@ -82,6 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", 0, "measurements per scenario, dialect and worker count, interleaved; the median is reported (default 3)")
 	fs.StringVar(&sizes, "growth", "", "inbox sizes for growth, e.g. 0,1m,10m (default 0,1m,10m; 0,1m with --quick; 0,1k with --smoke)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&prepare, "prepare", "auto", "the stores' inbox.Config.Prepare: auto, always or never")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the results and ratios as Markdown tables to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -95,6 +100,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			errs = append(errs, fmt.Errorf("unknown dialect %q (pg, mysql, sqlite)", d))
 		}
 		o.dialects = append(o.dialects, d)
+	}
+	switch prepare {
+	case "auto":
+		o.prepare = inbox.PrepareAuto
+	case "always":
+		o.prepare = inbox.PrepareAlways
+	case "never":
+		o.prepare = inbox.PrepareNever
+	default:
+		errs = append(errs, fmt.Errorf("--prepare %q: want auto, always or never", prepare))
 	}
 	for _, s := range splitList(scenarios) {
 		if !slices.Contains(allScenarios, s) {

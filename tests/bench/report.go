@@ -75,6 +75,8 @@ func (b *bench) ratios() []ratio {
 	for _, dialect := range b.opts.dialects {
 		for _, w := range b.opts.workers {
 			throughput("inboxmill_vs_plain", "inboxmill", "plain", dialect, w)
+			throughput("one_statement_vs_plain", "plain_stmt", "plain", dialect, w)
+			throughput("inboxmill_vs_plain_stmt", "inboxmill", "plain_stmt", dialect, w)
 			throughput("dup_vs_fresh", "inboxmill_dup", "inboxmill", dialect, w)
 			throughput("dup_tx_vs_fresh", "inboxmill_dup_tx", "inboxmill", dialect, w)
 			throughput("reserve_vs_plain", "inboxmill_reserve", "plain", dialect, w)

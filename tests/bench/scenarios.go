@@ -36,6 +36,9 @@ type scenario struct {
 // handler's effect is one INSERT of a business row.
 var perDialect = []scenario{
 	{"plain", planPlain},
+	// The ceiling of any inbox that adds a statement to the handler's
+	// transaction, whatever that statement does.
+	{"plain_stmt", planPlainStmt},
 	{"inboxmill", func(ctx context.Context, f *fixture) (plan, error) {
 		return planInboxmill(ctx, f, false, dedup.ReadFirstAuto)
 	}},
@@ -121,6 +124,32 @@ func (f *fixture) autocommit(msg *message.Message) ([]*message.Message, error) {
 
 func planPlain(_ context.Context, f *fixture) (plan, error) {
 	return plan{deliver: f.ownTx, check: func(ctx context.Context, total int) error {
+		return f.expectRows(ctx, f.effects, total)
+	}}, nil
+}
+
+// planPlainStmt is the handler alone plus one empty statement (SELECT 1)
+// in its transaction before the INSERT: what one more statement costs, with
+// no row written, no index touched, nothing to parse but a constant.
+func planPlainStmt(_ context.Context, f *fixture) (plan, error) {
+	deliver := func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		tx, err := f.db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		var one int
+		if err := tx.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+			_ = tx.Rollback()
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, f.insert, eventID(msg), 100); err != nil {
+			_ = tx.Rollback()
+			return nil, err
+		}
+		return nil, tx.Commit()
+	}
+	return plan{deliver: deliver, check: func(ctx context.Context, total int) error {
 		return f.expectRows(ctx, f.effects, total)
 	}}, nil
 }
