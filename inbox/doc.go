@@ -14,7 +14,17 @@
 // The store runs its SQL through a [DBTX], which *sql.DB, *sql.Conn and
 // *sql.Tx all satisfy, so a claim can take part in the caller's transaction:
 // the claim, the business writes and (with a SQL queue) the ack then commit
-// or roll back together.
+// or roll back together. A transaction begun by [Store.BeginTx] also lets the
+// store use its prepared statements ([Config.Prepare]; release them with
+// [Store.Close]).
+//
+// # Time
+//
+// Leases, take-overs and expiry are judged by [Store.Now], which follows the
+// database server's clock: the store measures the offset of its own clock
+// from the server's every [Config.ClockSync] and corrects by it, so workers
+// whose clocks disagree still agree on whether a lease has expired
+// ([Store.SyncClock]).
 //
 // # Dialects
 //
@@ -29,7 +39,7 @@
 //	if err != nil { ... }
 //	if err := store.Migrate(ctx); err != nil { ... }
 //
-//	tx, _ := db.BeginTx(ctx, nil)
+//	tx, _ := store.BeginTx(ctx, nil) // or a *sql.Tx of your own
 //	res, err := store.Claim(ctx, tx, inbox.ClaimParams{Operation: "charge", Key: eventID, PayloadHash: h})
 //	switch {
 //	case errors.Is(err, inbox.ErrPayloadConflict): // same key, other intent: refuse

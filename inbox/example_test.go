@@ -27,13 +27,14 @@ func ExampleStore_Claim() {
 	if err != nil {
 		panic(err)
 	}
+	defer store.Close() // its prepared statements
 	if err := store.Migrate(ctx); err != nil {
 		panic(err)
 	}
 
 	claim := func(payload string) {
 		h := sha256.Sum256([]byte(payload))
-		tx, _ := db.BeginTx(ctx, nil)
+		tx, _ := store.BeginTx(ctx, nil)
 		defer tx.Rollback()
 		res, err := store.Claim(ctx, tx, inbox.ClaimParams{
 			Scope: "tenant-1", Operation: "create_order", Key: "order-intent-42", PayloadHash: h[:],

@@ -77,6 +77,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err != nil {
 		return sum, err
 	}
+	defer store.Close()
 	if err := store.Migrate(ctx); err != nil {
 		return sum, err
 	}
