@@ -19,6 +19,10 @@ type clockSync struct {
 // clockSyncTimeout bounds one measurement.
 const clockSyncTimeout = 5 * time.Second
 
+// maxClockRTT is the slowest round trip whose measurement replaces an
+// earlier one.
+const maxClockRTT = 500 * time.Millisecond
+
 // now is Config.Now corrected by the last measured offset. When a
 // measurement is due it starts one in the background and goes on with the
 // offset it has: now is called with the caller's transaction open, and a
@@ -49,7 +53,9 @@ func (s *Store) now() time.Time {
 // no Queries.Clock.
 //
 // The offset is the server's time minus the local time halfway through the
-// query's round trip, so it is off by at most half of that round trip.
+// query's round trip, so it is off by at most half of that round trip; a
+// measurement whose round trip took over half a second does not replace an
+// earlier one.
 func (s *Store) SyncClock(ctx context.Context) error {
 	c := &s.sync
 	if c.every <= 0 {
@@ -63,6 +69,12 @@ func (s *Store) SyncClock(ctx context.Context) error {
 		return fmt.Errorf("inbox: read the database's clock: %w", s.Classify(err))
 	}
 	after := s.clock()
+	if rtt := after.Sub(before); rtt > maxClockRTT && c.measured.Load() {
+		// A slow answer bounds the offset only to half its round trip:
+		// keep the better measurement and try again soon.
+		c.next.Store(after.Add(min(c.every, time.Second)).UnixNano())
+		return nil
+	}
 	local := before.Add(after.Sub(before) / 2)
 	c.offset.Store(int64(time.UnixMicro(micros).Sub(local)))
 	c.measured.Store(true)

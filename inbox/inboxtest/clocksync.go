@@ -2,6 +2,7 @@ package inboxtest
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,6 +55,32 @@ func runClock(t *testing.T, h Harness) {
 		_ = s.Now() // the first use starts a measurement
 		require.Eventually(t, func() bool { _, ok := s.ClockOffset(); return ok }, 10*time.Second, 10*time.Millisecond)
 		require.WithinDuration(t, time.Now(), s.Now(), 10*time.Second)
+	})
+
+	t.Run("ASlowMeasurementKeepsTheEarlierOne", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, h)
+		var slow atomic.Bool
+		var drift atomic.Int64
+		cfg := h.config(b.table)
+		cfg.ClockSync = time.Minute
+		cfg.Now = func() time.Time {
+			if slow.Load() {
+				// Every reading a second later: the round trip looks 1 s long.
+				return time.Now().Add(time.Duration(drift.Add(int64(time.Second))))
+			}
+			return time.Now()
+		}
+		s, err := inbox.NewStore(b.db, h.Dialect, cfg)
+		require.NoError(t, err)
+		closeStore(t, s)
+		require.NoError(t, s.SyncClock(b.ctx))
+		first, ok := s.ClockOffset()
+		require.True(t, ok)
+		slow.Store(true)
+		require.NoError(t, s.SyncClock(b.ctx))
+		again, _ := s.ClockOffset()
+		require.Equal(t, first, again, "a measurement with a 1 s round trip must not replace a good one")
 	})
 
 	t.Run("AWorkerAheadDoesNotTakeOverALiveLease", func(t *testing.T) {
