@@ -29,8 +29,17 @@ type Deduplicator struct {
 	stats   counters
 	txs     txRegistry
 	dups    dupRate
-	// clockSynced: the store's clock was synced before the first reservation.
-	clockSynced atomic.Bool
+	// clockTry paces the clock sync before reservations while none
+	// succeeded.
+	clockTry pacer
+}
+
+// pacer lets one caller through at most once a second.
+type pacer struct{ next atomic.Int64 }
+
+func (p *pacer) due(now time.Time) bool {
+	n := p.next.Load()
+	return now.UnixNano() >= n && p.next.CompareAndSwap(n, now.Add(time.Second).UnixNano())
 }
 
 // New returns a Deduplicator over store. It validates cfg (reporting every

@@ -30,12 +30,13 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 ) {
 	ctx := msg.Context()
 	db := d.store.DB()
-	if d.clockSynced.CompareAndSwap(false, true) {
+	if _, synced := d.store.ClockOffset(); !synced && d.clockTry.due(time.Now()) {
 		// Leases are judged by the database's clock (inbox.Config.ClockSync);
-		// measure it before the first reservation rather than in the
-		// background after it. A failure leaves the local clock in use
-		// until the store's own retry; the claim reports a database that
-		// is down.
+		// measure it before a reservation rather than in the background
+		// after it, until one measurement succeeded (at most once a
+		// second while none does). Without clock sync
+		// (SQLite, or turned off) this returns at once. A failure leaves
+		// the local clock in use; the claim reports a database that is down.
 		_ = d.store.SyncClock(ctx)
 	}
 	waitUntil := time.Now().Add(max(d.cfg.InFlightWait, 0))

@@ -54,25 +54,32 @@ func (s *Store) now() time.Time {
 //
 // The offset is the server's time minus the local time halfway through the
 // query's round trip, so it is off by at most half of that round trip; a
-// measurement whose round trip took over half a second does not replace an
-// earlier one.
+// measurement whose round trip took over half a second is not used.
 func (s *Store) SyncClock(ctx context.Context) error {
 	c := &s.sync
 	if c.every <= 0 {
 		return nil
 	}
+	retrySoon := func() { c.next.Store(s.clock().Add(min(c.every, time.Second)).UnixNano()) }
+	// A connection first, so that waiting for one is not counted as the
+	// query's round trip.
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		retrySoon()
+		return fmt.Errorf("inbox: read the database's clock: %w", s.Classify(err))
+	}
+	defer conn.Close()
 	before := s.clock()
 	var micros int64
-	if err := s.db.QueryRowContext(ctx, s.q.Clock).Scan(&micros); err != nil {
-		// Try again soon rather than a whole period later.
-		c.next.Store(before.Add(min(c.every, time.Second)).UnixNano())
+	if err := conn.QueryRowContext(ctx, s.q.Clock).Scan(&micros); err != nil {
+		retrySoon()
 		return fmt.Errorf("inbox: read the database's clock: %w", s.Classify(err))
 	}
 	after := s.clock()
-	if rtt := after.Sub(before); rtt > maxClockRTT && c.measured.Load() {
+	if after.Sub(before) > maxClockRTT {
 		// A slow answer bounds the offset only to half its round trip:
-		// keep the better measurement and try again soon.
-		c.next.Store(after.Add(min(c.every, time.Second)).UnixNano())
+		// keep the earlier measurement, if any, and try again soon.
+		retrySoon()
 		return nil
 	}
 	local := before.Add(after.Sub(before) / 2)

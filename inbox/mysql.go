@@ -55,7 +55,7 @@ func (mysqlDialect) Queries(table string) Queries {
 			"WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?\n" +
 			"ORDER BY updated_at LIMIT ?",
 		UnfinishedStats: "SELECT status, COUNT(*), MIN(created_at) FROM inbox WHERE status IN " + unfinishedStatuses + " GROUP BY status",
-		Clock:           "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
+		Clock:           "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
 		OldestExpired:   "SELECT MIN(expires_at) FROM inbox WHERE expires_at IS NOT NULL AND status IN " + finishedStatuses,
 		// One short autocommit statement per batch; the expires_at index
 		// keeps it to the rows it deletes. Unlike PostgreSQL's SKIP LOCKED

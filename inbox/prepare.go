@@ -3,8 +3,13 @@ package inbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Prepare decides whether a [Store] runs its frequent statements — claim,
@@ -87,20 +92,25 @@ func (s *Store) BeginTx(ctx context.Context, opts *sql.TxOptions) (*Tx, error) {
 type stmtCache struct {
 	on     bool
 	m      sync.Map // string -> *sql.Stmt
+	failed sync.Map // string -> time.Time: do not try to prepare before then
 	mu     sync.Mutex
-	closed bool
+	closed atomic.Bool // set under mu
 }
 
+// prepareBackoff is how long a statement that failed to prepare (not for
+// the caller's context) is sent as text before the store tries again.
+const prepareBackoff = time.Minute
+
 // Close releases the statements the store prepared (see [Prepare]). The
-// store keeps working afterwards, sending SQL text. It does not close the
-// database. Call it when the store is no longer used but the database is:
-// MySQL, for one, limits prepared statements server-wide
-// (max_prepared_stmt_count).
+// store keeps working afterwards, sending SQL text; a call racing with
+// Close does too. It does not close the database. Call it when the store
+// is no longer used but the database is: MySQL, for one, limits prepared
+// statements server-wide (max_prepared_stmt_count).
 func (s *Store) Close() error {
 	c := &s.stmts
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.closed = true
+	c.closed.Store(true)
 	var first error
 	c.m.Range(func(k, v any) bool {
 		if err := v.(*sql.Stmt).Close(); err != nil && first == nil {
@@ -124,8 +134,11 @@ func (s *Store) cached(query string) *sql.Stmt {
 }
 
 // prepared returns the store's statement for query, preparing it on first
-// use, or nil when statements are off or preparing failed (the caller then
-// sends the text, which reports any real error).
+// use, or nil when statements are off or preparing failed: the caller then
+// sends the text, which reports any real error. Preparing runs under the
+// caller's context and holds no lock, so it waits for a connection no
+// longer than the caller would; two first uses may both prepare, and the
+// second statement is closed.
 func (s *Store) prepared(ctx context.Context, query string) *sql.Stmt {
 	c := &s.stmts
 	if !c.on {
@@ -134,21 +147,31 @@ func (s *Store) prepared(ctx context.Context, query string) *sql.Stmt {
 	if st := s.cached(query); st != nil {
 		return st
 	}
+	if c.closed.Load() {
+		return nil
+	}
+	if until, ok := c.failed.Load(query); ok && time.Now().Before(until.(time.Time)) {
+		return nil
+	}
+	st, err := s.db.PrepareContext(ctx, query)
+	if err != nil {
+		if ctx.Err() == nil {
+			// The server refused (MySQL's max_prepared_stmt_count, say):
+			// send the text for a while instead of asking on every call.
+			c.failed.Store(query, time.Now().Add(prepareBackoff))
+		}
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed.Load() {
+		_ = st.Close()
 		return nil
 	}
-	if st, ok := c.m.Load(query); ok {
-		return st.(*sql.Stmt)
+	if prev, loaded := c.m.LoadOrStore(query, st); loaded {
+		_ = st.Close()
+		return prev.(*sql.Stmt)
 	}
-	// Not under ctx's cancellation alone: a statement prepared for one
-	// caller serves all of them.
-	st, err := s.db.PrepareContext(context.WithoutCancel(ctx), query)
-	if err != nil {
-		return nil
-	}
-	c.m.Store(query, st)
 	return st
 }
 
@@ -174,16 +197,50 @@ func (s *Store) stmt(ctx context.Context, q DBTX, query string) *sql.Stmt {
 	return nil
 }
 
+// unusableStmt reports an error of running a prepared statement that
+// means it was not run, so that sending the text instead is safe: the
+// statement was closed (Store.Close raced with the call), or preparing it
+// on a new connection was refused.
+func unusableStmt(err error) bool {
+	if err == nil {
+		return false
+	}
+	if err.Error() == "sql: statement is closed" { // database/sql's errStmtClosed
+		return true
+	}
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1461 // ER_MAX_PREPARED_STMT_COUNT_REACHED
+}
+
 func (s *Store) execContext(ctx context.Context, q DBTX, query string, args ...any) (sql.Result, error) {
 	if st := s.stmt(ctx, q, query); st != nil {
-		return st.ExecContext(ctx, args...)
+		res, err := st.ExecContext(ctx, args...)
+		if !unusableStmt(err) {
+			return res, err
+		}
 	}
 	return q.ExecContext(ctx, query, args...)
 }
 
-func (s *Store) queryRowContext(ctx context.Context, q DBTX, query string, args ...any) *sql.Row {
-	if st := s.stmt(ctx, q, query); st != nil {
-		return st.QueryRowContext(ctx, args...)
+// row is what queryRowContext returns: *sql.Row's Scan, falling back to
+// the text when the prepared statement turns out unusable.
+type row struct {
+	row      *sql.Row
+	fallback func() *sql.Row
+}
+
+func (r row) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if r.fallback != nil && unusableStmt(err) {
+		return r.fallback().Scan(dest...)
 	}
-	return q.QueryRowContext(ctx, query, args...)
+	return err
+}
+
+func (s *Store) queryRowContext(ctx context.Context, q DBTX, query string, args ...any) row {
+	text := func() *sql.Row { return q.QueryRowContext(ctx, query, args...) }
+	if st := s.stmt(ctx, q, query); st != nil {
+		return row{row: st.QueryRowContext(ctx, args...), fallback: text}
+	}
+	return row{row: text()}
 }
