@@ -11,6 +11,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
 // A handler's own errors are not the database's: an io.EOF from decoding a
@@ -18,7 +19,7 @@ import (
 // a transient database error that IsRetryable would redeliver forever.
 func TestHandlerErrorsAreNotMistakenForTransientDatabaseErrors(t *testing.T) {
 	t.Parallel()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op"})
 	require.NoError(t, err)
 	for _, herr := range []error{io.EOF, io.ErrUnexpectedEOF, &url.Error{Op: "Get", URL: "htp://x", Err: errors.New("unsupported protocol scheme")}} {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,31 +12,17 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
-	_ "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
-
-// sqliteTestStore returns a migrated inbox store over a fresh SQLite file.
-func sqliteTestStore(t *testing.T, cfg inbox.Config) *inbox.Store {
-	t.Helper()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	store, err := inbox.NewStore(db, inbox.SQLite(), cfg)
-	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
-	return store
-}
 
 // unmigratedStore returns a store that has never touched its database.
 func unmigratedStore(t *testing.T) *inbox.Store {
 	t.Helper()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{})
+	store, err := inbox.NewStore(testdb.Open(t, testdb.SQLite), inbox.SQLite(), inbox.Config{})
 	require.NoError(t, err)
 	return store
 }
@@ -184,8 +169,7 @@ func TestNewAcceptsValidConfigs(t *testing.T) {
 
 func TestNewDoesNotTouchTheDatabase(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
-	require.NoError(t, err)
+	db := testdb.Open(t, testdb.SQLite)
 	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{})
 	require.NoError(t, err)
 	require.NoError(t, db.Close())
@@ -247,7 +231,7 @@ func TestRetentionSetsTheRecordsExpiry(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			store := sqliteTestStore(t, inbox.Config{Now: func() time.Time { return now }})
+			store, _ := testkit.SQLiteStore(t, inbox.Config{Now: func() time.Time { return now }})
 			d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op", Retention: tt.retention})
 			require.NoError(t, err)
 			msg := message.NewMessage("u", []byte(`{}`))
@@ -337,7 +321,7 @@ func TestIdentityFromConfig(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			store := sqliteTestStore(t, inbox.Config{})
+			store, _ := testkit.SQLiteStore(t, inbox.Config{})
 			d, err := dedup.New(store, tt.cfg)
 			require.NoError(t, err)
 			msg := keyMsg(`{"n":1}`, tt.meta...)
@@ -371,7 +355,7 @@ func TestIdentityFromConfig(t *testing.T) {
 // stream of poisoned messages.
 func TestNewRejectsUnusableOperation(t *testing.T) {
 	t.Parallel()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	for _, op := range []string{"a\x00b", "a\xffb"} {
 		_, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: op})
 		require.ErrorIs(t, err, dedup.ErrInvalidConfig, "%q", op)

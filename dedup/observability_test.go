@@ -6,9 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
 const (
@@ -96,7 +95,7 @@ func noopHandler(*message.Message) ([]*message.Message, error) { return nil, nil
 func TestMetricsCountOutcomes(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op", Registerer: reg})
 	require.NoError(t, err)
 	h := d.Middleware(noopHandler)
@@ -130,7 +129,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 func TestMetricsSharedRegistry(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	cfg := dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op", Registerer: reg}
 	d1, err := dedup.New(store, cfg)
 	require.NoError(t, err)
@@ -165,7 +164,7 @@ func TestMetricsSharedWrappedRegisterer(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"service": "billing"}, reg)
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	cfg := dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op", Registerer: wrapped}
 	d1, err := dedup.New(store, cfg)
 	require.NoError(t, err)
@@ -198,7 +197,7 @@ func TestMetricsRecordInFlightFailedAndTerminalRecords(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op", Registerer: reg})
 	require.NoError(t, err)
 	fingerprint, err := dedup.JSONFingerprint()
@@ -243,7 +242,7 @@ func TestMetricsRecordInFlightFailedAndTerminalRecords(t *testing.T) {
 
 func TestStatsWithoutRegisterer(t *testing.T) {
 	t.Parallel()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op"})
 	require.NoError(t, err)
 	h := d.Middleware(noopHandler)
@@ -256,53 +255,6 @@ func TestStatsWithoutRegisterer(t *testing.T) {
 	require.Equal(t, dedup.Stats{Executed: 1, Duplicates: 2, Conflicts: 1}, d.Stats())
 }
 
-// logEntry is one recorded log line.
-type logEntry struct {
-	level  string
-	msg    string
-	err    error
-	fields watermill.LogFields
-}
-
-func (e logEntry) String() string {
-	return fmt.Sprintf("%s %s err=%v %v", e.level, e.msg, e.err, e.fields)
-}
-
-// recLogger is a watermill.LoggerAdapter that records every line.
-type recLogger struct {
-	mu      *sync.Mutex
-	entries *[]logEntry
-	with    watermill.LogFields
-}
-
-var _ watermill.LoggerAdapter = recLogger{}
-
-func newRecLogger() recLogger {
-	return recLogger{mu: &sync.Mutex{}, entries: &[]logEntry{}}
-}
-
-func (l recLogger) log(level, msg string, err error, fields watermill.LogFields) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	*l.entries = append(*l.entries, logEntry{level: level, msg: msg, err: err, fields: l.with.Add(fields)})
-}
-
-func (l recLogger) Error(msg string, err error, fields watermill.LogFields) {
-	l.log("error", msg, err, fields)
-}
-func (l recLogger) Info(msg string, fields watermill.LogFields)  { l.log("info", msg, nil, fields) }
-func (l recLogger) Debug(msg string, fields watermill.LogFields) { l.log("debug", msg, nil, fields) }
-func (l recLogger) Trace(msg string, fields watermill.LogFields) { l.log("trace", msg, nil, fields) }
-func (l recLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return recLogger{mu: l.mu, entries: l.entries, with: l.with.Add(fields)}
-}
-
-func (l recLogger) all() []logEntry {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]logEntry(nil), *l.entries...)
-}
-
 func TestLoggingLevelsAndRedaction(t *testing.T) {
 	t.Parallel()
 	const (
@@ -310,8 +262,8 @@ func TestLoggingLevelsAndRedaction(t *testing.T) {
 		secretPay = "card-4242"
 	)
 	ctx := context.Background()
-	logger := newRecLogger()
-	store := sqliteTestStore(t, inbox.Config{})
+	logger := testkit.NewLogger()
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op", Logger: logger})
 	require.NoError(t, err)
 	fingerprint, err := dedup.JSONFingerprint()
@@ -363,26 +315,26 @@ func TestLoggingLevelsAndRedaction(t *testing.T) {
 		_, _ = h(msg)
 	}
 
-	entries := logger.all()
+	entries := logger.Entries()
 	require.Len(t, entries, len(deliveries), "one line per delivery")
 	for i, dl := range deliveries {
 		e := entries[i]
 		t.Run(dl.name, func(t *testing.T) {
-			require.NotEqual(t, "error", e.level, "nothing is logged at Error: %s", e)
-			require.Nil(t, e.err)
-			require.Equal(t, dl.level, e.level, "%s", e)
-			require.Equal(t, string(dl.outcome), e.fields["outcome"])
-			require.Equal(t, uuids[i], e.fields["message_uuid"])
-			require.Contains(t, e.fields, "key_digest")
+			require.NotEqual(t, "error", e.Level, "nothing is logged at Error: %s", e)
+			require.Nil(t, e.Err)
+			require.Equal(t, dl.level, e.Level, "%s", e)
+			require.Equal(t, string(dl.outcome), e.Fields["outcome"])
+			require.Equal(t, uuids[i], e.Fields["message_uuid"])
+			require.Contains(t, e.Fields, "key_digest")
 			if dl.outcome != dedup.OutcomeInvalid {
-				require.Equal(t, inbox.KeyDigest("", "op", dl.key), e.fields["key_digest"])
-				require.Equal(t, "op", e.fields["operation"])
-				require.Equal(t, "", e.fields["scope"])
+				require.Equal(t, inbox.KeyDigest("", "op", dl.key), e.Fields["key_digest"])
+				require.Equal(t, "op", e.Fields["operation"])
+				require.Equal(t, "", e.Fields["scope"])
 			}
 			if dl.outcome == dedup.OutcomeExecuted || dl.outcome == dedup.OutcomeDuplicate {
-				require.NotContains(t, e.fields, "error")
+				require.NotContains(t, e.Fields, "error")
 			} else {
-				require.Contains(t, e.fields, "error")
+				require.Contains(t, e.Fields, "error")
 			}
 			line := e.String()
 			require.NotContains(t, line, secretKey, "the raw key is never logged")
@@ -452,7 +404,7 @@ func TestContextAfterHandler(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			store := sqliteTestStore(t, inbox.Config{})
+			store, _ := testkit.SQLiteStore(t, inbox.Config{})
 			d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Scope: dedup.ScopeConstant("acme"), Operation: "op"})
 			require.NoError(t, err)
 
@@ -496,7 +448,7 @@ func TestContextAfterHandler(t *testing.T) {
 
 func TestContextUntouchedWhenHandlerDoesNotRun(t *testing.T) {
 	t.Parallel()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op"})
 	require.NoError(t, err)
 	h := d.Middleware(noopHandler)
@@ -526,7 +478,7 @@ func TestContextUntouchedWhenHandlerDoesNotRun(t *testing.T) {
 
 func TestIdempotencyKeyIsStableAcrossAttempts(t *testing.T) {
 	t.Parallel()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Scope: dedup.ScopeFromMetadata("tenant"), Operation: "op"})
 	require.NoError(t, err)
 	var keys []string
@@ -564,7 +516,7 @@ func TestIdempotencyKeyIsStableAcrossAttempts(t *testing.T) {
 func TestInvalidMessagesAreCountedUnderTheirOperation(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op", Registerer: reg})
 	require.NoError(t, err)
 	_, err = d.Middleware(noopHandler)(message.NewMessage("u", []byte(`{}`)))
@@ -576,7 +528,7 @@ func TestInvalidMessagesAreCountedUnderTheirOperation(t *testing.T) {
 // as poison instead of failing it (and nacking it) forever.
 func TestBadFingerprintIsPoison(t *testing.T) {
 	t.Parallel()
-	store := sqliteTestStore(t, inbox.Config{})
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	for _, n := range []int{0, 65} {
 		d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "op",
 			Fingerprint: func(*message.Message) ([]byte, error) { return make([]byte, n), nil }})

@@ -2,10 +2,8 @@ package dedup_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,24 +12,18 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	_ "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
-// reserveClock is the wall clock plus an offset that tests move forward, so
-// that leases expire without sleeping.
-type reserveClock struct{ offset atomic.Int64 }
-
-func (c *reserveClock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
-func (c *reserveClock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
-
 // reserveStore returns a migrated SQLite store on a clock the test moves.
-func reserveStore(t *testing.T) (*inbox.Store, *reserveClock) {
+func reserveStore(t *testing.T) (*inbox.Store, *testkit.Clock) {
 	t.Helper()
-	clk := &reserveClock{}
-	return sqliteTestStore(t, inbox.Config{Now: clk.Now}), clk
+	clk := &testkit.Clock{}
+	store, _ := testkit.SQLiteStore(t, inbox.Config{Now: clk.Now})
+	return store, clk
 }
 
 // newReserve returns a reserve-mode middleware over store with
@@ -312,7 +304,7 @@ func TestReserveOutputIsStoredAndHandedBackToDuplicates(t *testing.T) {
 func TestReserveNilOutputMessageStillRecordsCompletion(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	logger := newRecLogger()
+	logger := testkit.NewLogger()
 	d := newReserve(t, store, dedup.Config{Logger: logger})
 	var calls int
 	h := d.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -333,14 +325,14 @@ func TestReserveNilOutputMessageStillRecordsCompletion(t *testing.T) {
 	require.Equal(t, dedup.Stats{Executed: 1, Duplicates: 1}, d.Stats())
 
 	var found bool
-	for _, e := range logger.all() {
-		if strings.Contains(e.msg, "output cannot be stored") {
+	for _, e := range logger.Entries() {
+		if strings.Contains(e.Msg, "output cannot be stored") {
 			found = true
-			require.Equal(t, "info", e.level)
-			require.Contains(t, e.fields["error"], "nil message at index 1")
+			require.Equal(t, "info", e.Level)
+			require.Contains(t, e.Fields["error"], "nil message at index 1")
 		}
 	}
-	require.True(t, found, "the dropped output is logged: %v", logger.all())
+	require.True(t, found, "the dropped output is logged: %v", logger.Entries())
 }
 
 func TestReserveStats(t *testing.T) {
@@ -503,7 +495,7 @@ func TestReserveWaitingDeliveryHonoursItsContext(t *testing.T) {
 func TestReserveNeverLogsAtErrorLevel(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	logger := newRecLogger()
+	logger := testkit.NewLogger()
 	d := newReserve(t, store, dedup.Config{Logger: logger, InFlightWait: -1})
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		switch msg.Metadata.Get("event_id") {
@@ -527,13 +519,13 @@ func TestReserveNeverLogsAtErrorLevel(t *testing.T) {
 	}
 	_, _ = h(obsMsg("ok", `{"x":1}`)) // conflict
 
-	entries := logger.all()
+	entries := logger.Entries()
 	require.NotEmpty(t, entries)
 	outcomes := map[string]bool{}
 	for _, e := range entries {
-		require.NotEqual(t, "error", e.level, "never at Error level: %v", e)
-		require.Equal(t, "reserve", e.fields["mode"], "%v", e)
-		if o, ok := e.fields["outcome"].(string); ok {
+		require.NotEqual(t, "error", e.Level, "never at Error level: %v", e)
+		require.Equal(t, "reserve", e.Fields["mode"], "%v", e)
+		if o, ok := e.Fields["outcome"].(string); ok {
 			outcomes[o] = true
 		}
 	}
@@ -549,7 +541,7 @@ func TestReserveNeverLogsAtErrorLevel(t *testing.T) {
 func TestReserveLostLeaseIsLoggedAtInfo(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	logger := newRecLogger()
+	logger := testkit.NewLogger()
 	d := newReserve(t, store, dedup.Config{Logger: logger, Lease: time.Minute, HeartbeatInterval: 5 * time.Millisecond})
 	var cause error
 	_, err := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -576,14 +568,14 @@ func TestReserveLostLeaseIsLoggedAtInfo(t *testing.T) {
 	require.EqualValues(t, 2, rec.Attempt)
 
 	var lostLogged bool
-	for _, e := range logger.all() {
-		require.NotEqual(t, "error", e.level, "%v", e)
-		if strings.Contains(e.msg, "lease lost") {
+	for _, e := range logger.Entries() {
+		require.NotEqual(t, "error", e.Level, "%v", e)
+		if strings.Contains(e.Msg, "lease lost") {
 			lostLogged = true
-			require.Equal(t, "info", e.level)
+			require.Equal(t, "info", e.Level)
 		}
 	}
-	require.True(t, lostLogged, "%v", logger.all())
+	require.True(t, lostLogged, "%v", logger.Entries())
 	require.Equal(t, dedup.Stats{Retries: 1}, d.Stats())
 }
 
@@ -619,17 +611,7 @@ func TestReserveClaimInContext(t *testing.T) {
 // goroutine is left once its deliveries are done and its database closed.
 func TestReserveHeartbeatLeavesNoGoroutine(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
-	require.NoError(t, err)
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			_ = db.Close()
-		}
-	})
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{})
-	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
+	store, db := testkit.SQLiteStore(t, inbox.Config{})
 	d := newReserve(t, store, dedup.Config{Lease: 50 * time.Millisecond, HeartbeatInterval: 5 * time.Millisecond,
 		InFlightWait: -1})
 
@@ -656,7 +638,7 @@ func TestReserveHeartbeatLeavesNoGoroutine(t *testing.T) {
 		return nil, nil
 	})
 
-	_, err = h(obsMsg("succeeds", `{}`))
+	_, err := h(obsMsg("succeeds", `{}`))
 	require.NoError(t, err)
 	_, err = h(obsMsg("fails", `{}`))
 	require.ErrorIs(t, err, boom)
@@ -674,6 +656,5 @@ func TestReserveHeartbeatLeavesNoGoroutine(t *testing.T) {
 	}
 
 	require.NoError(t, db.Close())
-	closed = true
 	goleak.VerifyNone(t, ignore)
 }

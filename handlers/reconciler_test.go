@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,17 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	_ "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/handlers"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
-
-// clock is the wall clock plus an offset that tests move forward.
-type clock struct{ offset atomic.Int64 }
-
-func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
-func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 // env is a migrated SQLite inbox on a clock the test moves.
 type env struct {
@@ -34,24 +28,18 @@ type env struct {
 	ctx   context.Context
 	db    *sql.DB
 	store *inbox.Store
-	clock *clock
+	clock *testkit.Clock
 }
 
 func newEnv(t *testing.T, table string) *env {
 	t.Helper()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	return envOn(t, db, table)
+	return envOn(t, testdb.Open(t, testdb.SQLite), table)
 }
 
 func envOn(t *testing.T, db *sql.DB, table string) *env {
 	t.Helper()
-	e := &env{t: t, ctx: context.Background(), db: db, clock: &clock{}}
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Table: table, Now: e.clock.Now})
-	require.NoError(t, err)
-	require.NoError(t, store.Migrate(e.ctx))
-	e.store = store
+	e := &env{t: t, ctx: context.Background(), db: db, clock: &testkit.Clock{}}
+	e.store = testkit.MigratedStore(t, db, inbox.SQLite(), inbox.Config{Table: table, Now: e.clock.Now})
 	return e
 }
 
@@ -103,47 +91,6 @@ func resolveAll(v handlers.Verdict) handlers.ResolveFunc {
 	return func(context.Context, *inbox.Record) (handlers.Resolution, error) {
 		return handlers.Resolution{Verdict: v}, nil
 	}
-}
-
-// logEntry and recLogger record what a reconciler logs.
-type logEntry struct {
-	level  string
-	msg    string
-	err    error
-	fields watermill.LogFields
-}
-
-type recLogger struct {
-	mu      *sync.Mutex
-	entries *[]logEntry
-}
-
-func newRecLogger() recLogger { return recLogger{mu: &sync.Mutex{}, entries: &[]logEntry{}} }
-
-func (l recLogger) log(level, msg string, err error, fields watermill.LogFields) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	*l.entries = append(*l.entries, logEntry{level: level, msg: msg, err: err, fields: fields})
-}
-
-func (l recLogger) Error(msg string, err error, fields watermill.LogFields) {
-	l.log("error", msg, err, fields)
-}
-func (l recLogger) Info(msg string, fields watermill.LogFields)      { l.log("info", msg, nil, fields) }
-func (l recLogger) Debug(msg string, fields watermill.LogFields)     { l.log("debug", msg, nil, fields) }
-func (l recLogger) Trace(msg string, fields watermill.LogFields)     { l.log("trace", msg, nil, fields) }
-func (l recLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
-
-func (l recLogger) at(level string) []logEntry {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []logEntry
-	for _, e := range *l.entries {
-		if e.level == level {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // metric returns the value of the gauge or counter name whose labels
@@ -282,7 +229,7 @@ func TestReconcilerResolveErrorCountsAsUnresolved(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "inbox")
 	before := e.pending("pay-1", "ch_1")
-	logger := newRecLogger()
+	logger := testkit.NewLogger()
 	r := e.reconciler(handlers.ReconcilerConfig{Logger: logger,
 		Resolve: func(context.Context, *inbox.Record) (handlers.Resolution, error) {
 			// The verdict is ignored when an error comes with it.
@@ -294,11 +241,11 @@ func TestReconcilerResolveErrorCountsAsUnresolved(t *testing.T) {
 	require.Equal(t, 1, rep.Unresolved)
 	require.Empty(t, rep.Resolved)
 	requireUntouched(t, before, e.get("pay-1"), "the record is unchanged")
-	infos := logger.at("info")
+	infos := logger.At("info")
 	require.Len(t, infos, 1)
-	require.Contains(t, infos[0].msg, "resolve failed")
-	require.Equal(t, "provider unreachable", infos[0].fields["error"])
-	require.Empty(t, logger.at("error"), "a pass cut short by Close is not a failure")
+	require.Contains(t, infos[0].Msg, "resolve failed")
+	require.Equal(t, "provider unreachable", infos[0].Fields["error"])
+	require.Empty(t, logger.At("error"), "a pass cut short by Close is not a failure")
 }
 
 func TestReconcilerUnknownVerdictIsAnError(t *testing.T) {
@@ -362,7 +309,7 @@ func TestReconcilerMaxTries(t *testing.T) {
 	e := newEnv(t, "inbox")
 	e.pending("pay-1", "ch_1")
 	before := e.get("pay-1")
-	logger := newRecLogger()
+	logger := testkit.NewLogger()
 	reg := prometheus.NewRegistry()
 	var verdict atomic.Int64 // handlers.Unresolved
 	r := e.reconciler(handlers.ReconcilerConfig{MaxTries: 3, Logger: logger, Registerer: reg,
@@ -375,19 +322,19 @@ func TestReconcilerMaxTries(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, rep.Unresolved, "pass %d", pass)
 		require.Zero(t, rep.GaveUp, "pass %d", pass)
-		require.Empty(t, logger.at("error"), "pass %d", pass)
+		require.Empty(t, logger.At("error"), "pass %d", pass)
 		requireMetric(t, reg, "inboxmill_reconciler_unresolved", unresolved, 0)
 	}
 	rep, err := r.RunOnce(e.ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.Unresolved)
 	require.Equal(t, 1, rep.GaveUp, "unresolved after MaxTries passes")
-	errs := logger.at("error")
+	errs := logger.At("error")
 	require.Len(t, errs, 1)
-	require.Contains(t, errs[0].msg, "MaxTries")
-	require.Equal(t, "charge", errs[0].fields["operation"])
-	require.Equal(t, "ch_1", errs[0].fields["external_ref"])
-	require.NotContains(t, fmt.Sprint(errs[0].fields), "pay-1", "the key is logged as a digest")
+	require.Contains(t, errs[0].Msg, "MaxTries")
+	require.Equal(t, "charge", errs[0].Fields["operation"])
+	require.Equal(t, "ch_1", errs[0].Fields["external_ref"])
+	require.NotContains(t, fmt.Sprint(errs[0].Fields), "pay-1", "the key is logged as a digest")
 	requireMetric(t, reg, "inboxmill_reconciler_unresolved", unresolved, 1)
 	requireUntouched(t, before, e.get("pay-1"), "it stays pending")
 
@@ -507,22 +454,14 @@ func TestReconcilerCloseWithoutStart(t *testing.T) {
 // no goroutine behind.
 func TestReconcilerStartAndClose(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
-	require.NoError(t, err)
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			_ = db.Close()
-		}
-	})
-	e := envOn(t, db, "inbox")
+	e := newEnv(t, "inbox")
 	e.pending("pay-1", "")
 
 	// The first pass starts at once; Close cancels the context of a Resolve
 	// under way and waits for the pass to end.
 	asking := make(chan struct{})
 	var asked atomic.Int64
-	logger := newRecLogger()
+	logger := testkit.NewLogger()
 	r := e.reconciler(handlers.ReconcilerConfig{Interval: time.Hour, Logger: logger,
 		Resolve: func(ctx context.Context, _ *inbox.Record) (handlers.Resolution, error) {
 			if asked.Add(1) == 1 {
@@ -532,7 +471,7 @@ func TestReconcilerStartAndClose(t *testing.T) {
 			return handlers.Resolution{}, ctx.Err()
 		}})
 	require.NoError(t, r.Start())
-	err = r.Start()
+	err := r.Start()
 	require.Error(t, err, "started twice")
 	require.Contains(t, err.Error(), "already started")
 	select {
@@ -551,9 +490,8 @@ func TestReconcilerStartAndClose(t *testing.T) {
 	require.NoError(t, r.Close(), "Close twice")
 	require.EqualValues(t, 1, asked.Load())
 	require.Equal(t, inbox.StatusPending, e.get("pay-1").Status)
-	require.Empty(t, logger.at("error"), "a pass cut short by Close is not a failure")
+	require.Empty(t, logger.At("error"), "a pass cut short by Close is not a failure")
 
-	require.NoError(t, db.Close())
-	closed = true
+	require.NoError(t, e.db.Close())
 	goleak.VerifyNone(t, ignore)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
 // testNow is the receiver's clock in these tests.
@@ -441,7 +442,7 @@ func TestWebhookReceiverBadRequests(t *testing.T) {
 func TestWebhookReceiverPublishFails(t *testing.T) {
 	t.Parallel()
 	pub := &recordingPublisher{fail: errors.New("queue unavailable")}
-	logs := newRecLogger()
+	logs := testkit.NewLogger()
 	h := newReceiver(t, pub, handlers.WebhookConfig{Verifier: handlers.StripeVerifier("whsec_x"), Logger: logs})
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, post(stripeBody, map[string]string{"Stripe-Signature": stripeSign("whsec_x", testNow, stripeBody)}))
@@ -449,10 +450,10 @@ func TestWebhookReceiverPublishFails(t *testing.T) {
 	require.Empty(t, pub.published())
 
 	var errorsLogged int
-	for _, e := range *logs.entries {
-		if e.level == "error" {
+	for _, e := range logs.Entries() {
+		if e.Level == "error" {
 			errorsLogged++
-			require.Equal(t, "evt_1NG8Du2eZvKYlo2CUI79vXWy", e.fields["event_id"])
+			require.Equal(t, "evt_1NG8Du2eZvKYlo2CUI79vXWy", e.Fields["event_id"])
 		}
 	}
 	require.Equal(t, 1, errorsLogged)
@@ -463,23 +464,21 @@ func TestWebhookReceiverPublishFails(t *testing.T) {
 // reason, never the body, the secret or the signature.
 func TestWebhookReceiverLogsNoBodyOrSecret(t *testing.T) {
 	t.Parallel()
-	logs := newRecLogger()
+	logs := testkit.NewLogger()
 	pub := &recordingPublisher{}
 	h := newReceiver(t, pub, handlers.WebhookConfig{Verifier: handlers.StripeVerifier("whsec_topsecret"), Logger: logs})
 	sig := stripeSign("whsec_wrong", testNow, stripeBody)
 	require.Equal(t, http.StatusUnauthorized, serve(h, post(stripeBody, map[string]string{"Stripe-Signature": sig})))
 	require.Equal(t, http.StatusUnauthorized, serve(h, post(stripeBody, map[string]string{"Stripe-Signature": "t=1,v1=" + strings.Repeat("ab", 32)})))
 	require.Equal(t, http.StatusOK, serve(h, post(stripeBody, map[string]string{"Stripe-Signature": stripeSign("whsec_topsecret", testNow, stripeBody)})))
-	require.NotEmpty(t, *logs.entries)
+	require.NotEmpty(t, logs.Entries())
 	requireNoSecretsLogged(t, logs, "whsec_topsecret", stripeBody, sig[strings.Index(sig, "v1=")+3:], "payment_intent")
 }
 
-func requireNoSecretsLogged(t *testing.T, logs recLogger, forbidden ...string) {
+func requireNoSecretsLogged(t *testing.T, logs *testkit.Logger, forbidden ...string) {
 	t.Helper()
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	for _, e := range *logs.entries {
-		line := fmt.Sprintf("%s %v %v", e.msg, e.err, e.fields)
+	for _, e := range logs.Entries() {
+		line := fmt.Sprintf("%s %v %v", e.Msg, e.Err, e.Fields)
 		for _, f := range forbidden {
 			require.NotContains(t, line, f)
 		}

@@ -13,6 +13,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
 // countingConnector opens SQLite connections that count how often each
@@ -70,11 +71,7 @@ func countingStore(t *testing.T, prepare inbox.Prepare) (*inbox.Store, *counting
 	db := sql.OpenDB(c)
 	db.SetMaxOpenConns(1) // every statement on one connection
 	t.Cleanup(func() { _ = db.Close() })
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Prepare: prepare})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = store.Close() })
-	require.NoError(t, store.Migrate(context.Background()))
-	return store, c
+	return testkit.MigratedStore(t, db, inbox.SQLite(), inbox.Config{Prepare: prepare}), c
 }
 
 func claimParams(key string) inbox.ClaimParams {
@@ -130,14 +127,16 @@ func TestPlainTransactionsDoNotUseTheCache(t *testing.T) {
 	// sends the text rather than bind a statement of its own database to it.
 	store, c := countingStore(t, inbox.PrepareAlways)
 	ctx := context.Background()
-	for _, key := range []string{"a", "b"} {
+	claimAll(t, store, 0, 1) // the claim is prepared and cached
+	require.Equal(t, 1, c.count("INSERT INTO inbox ("))
+	for _, key := range []string{"x", "y"} {
 		tx, err := store.DB().BeginTx(ctx, nil)
 		require.NoError(t, err)
 		_, err = store.Claim(ctx, tx, claimParams(key))
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit())
 	}
-	require.Equal(t, 2, c.count("INSERT INTO inbox ("))
+	require.Equal(t, 1+2, c.count("INSERT INTO inbox ("), "the text, parsed for each plain transaction")
 }
 
 func TestTxOfAnotherDatabaseSendsText(t *testing.T) {
@@ -146,6 +145,10 @@ func TestTxOfAnotherDatabaseSendsText(t *testing.T) {
 	store, _ := countingStore(t, inbox.PrepareAlways)
 	other, _ := countingStore(t, inbox.PrepareAlways)
 	ctx := context.Background()
+	// Both caches warm: store's own statements are prepared and would be
+	// picked for a *inbox.Tx of store.
+	claimAll(t, store, 0, 2)
+	claimAll(t, other, 0, 2)
 	tx, err := other.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	_, err = store.Claim(ctx, tx, claimParams("x")) // runs on other's database

@@ -4,28 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	_ "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
-
-// purgeStore returns a migrated SQLite store and its database.
-func purgeStore(t *testing.T) (*inbox.Store, *sql.DB) {
-	t.Helper()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{})
-	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
-	return store, db
-}
 
 // seedExpired inserts n completed records that expired an hour ago.
 func seedExpired(t *testing.T, store *inbox.Store, prefix string, n int) {
@@ -47,7 +34,7 @@ func countRecords(t *testing.T, db *sql.DB) int {
 
 func TestNewPurgerRejectsInvalidConfig(t *testing.T) {
 	t.Parallel()
-	store, _ := purgeStore(t)
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	tests := []struct {
 		name  string
 		store *inbox.Store
@@ -79,7 +66,7 @@ func TestNewPurgerRejectsInvalidConfig(t *testing.T) {
 
 func TestPurgerCloseWithoutStart(t *testing.T) {
 	t.Parallel()
-	store, _ := purgeStore(t)
+	store, _ := testkit.SQLiteStore(t, inbox.Config{})
 	p, err := inbox.NewPurger(store, inbox.PurgerConfig{})
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
@@ -90,17 +77,7 @@ func TestPurgerCloseWithoutStart(t *testing.T) {
 // Close ends the purger's goroutine.
 func TestPurgerStartAndCloseLeaveNoGoroutine(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")))
-	require.NoError(t, err)
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			_ = db.Close()
-		}
-	})
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{})
-	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
+	store, db := testkit.SQLiteStore(t, inbox.Config{})
 	seedExpired(t, store, "old", 5)
 
 	purged := make(chan inbox.PurgeResult, 1)
@@ -127,13 +104,12 @@ func TestPurgerStartAndCloseLeaveNoGoroutine(t *testing.T) {
 	require.NoError(t, p.Close())
 
 	require.NoError(t, db.Close())
-	closed = true
 	goleak.VerifyNone(t, ignore)
 }
 
 func TestPurgeMaxBatches(t *testing.T) {
 	t.Parallel()
-	store, db := purgeStore(t)
+	store, db := testkit.SQLiteStore(t, inbox.Config{})
 	seedExpired(t, store, "old", 10)
 	ctx := context.Background()
 
@@ -154,7 +130,7 @@ func TestPurgeMaxBatches(t *testing.T) {
 
 func TestPurgeBeforeAndDefaults(t *testing.T) {
 	t.Parallel()
-	store, db := purgeStore(t)
+	store, db := testkit.SQLiteStore(t, inbox.Config{})
 	seedExpired(t, store, "old", 3)
 	ctx := context.Background()
 
@@ -172,7 +148,7 @@ func TestPurgeBeforeAndDefaults(t *testing.T) {
 
 func TestPurgeWithoutPause(t *testing.T) {
 	t.Parallel()
-	store, db := purgeStore(t)
+	store, db := testkit.SQLiteStore(t, inbox.Config{})
 	seedExpired(t, store, "old", 20)
 	start := time.Now()
 	res, err := store.Purge(context.Background(), inbox.PurgeParams{BatchSize: 1, Pause: -1})
@@ -187,7 +163,7 @@ func TestPurgeHonoursContext(t *testing.T) {
 
 	t.Run("cancelled before", func(t *testing.T) {
 		t.Parallel()
-		store, db := purgeStore(t)
+		store, db := testkit.SQLiteStore(t, inbox.Config{})
 		seedExpired(t, store, "old", 3)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -199,7 +175,7 @@ func TestPurgeHonoursContext(t *testing.T) {
 
 	t.Run("cancelled during the pause", func(t *testing.T) {
 		t.Parallel()
-		store, db := purgeStore(t)
+		store, db := testkit.SQLiteStore(t, inbox.Config{})
 		seedExpired(t, store, "old", 3)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()

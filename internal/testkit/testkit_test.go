@@ -1,0 +1,101 @@
+package testkit_test
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testkit"
+)
+
+func TestClock(t *testing.T) {
+	t.Parallel()
+	var c testkit.Clock // the zero value is the wall clock
+	require.WithinDuration(t, time.Now(), c.Now(), time.Minute)
+	c.Advance(time.Hour)
+	c.Advance(30 * time.Minute)
+	require.WithinDuration(t, time.Now().Add(90*time.Minute), c.Now(), time.Minute)
+}
+
+func TestLogger(t *testing.T) {
+	t.Parallel()
+	l := testkit.NewLogger()
+	boom := errors.New("boom")
+	l.Error("e", boom, watermill.LogFields{"a": 1})
+	l.Info("i", nil)
+	child := l.With(watermill.LogFields{"mode": "reserve", "a": 0})
+	child.Debug("d", watermill.LogFields{"a": 2})
+	child.With(watermill.LogFields{"op": "x"}).Trace("t", nil)
+
+	require.Equal(t, []testkit.LogEntry{
+		{Level: "error", Msg: "e", Err: boom, Fields: watermill.LogFields{"a": 1}},
+		{Level: "info", Msg: "i", Fields: watermill.LogFields{}},
+		{Level: "debug", Msg: "d", Fields: watermill.LogFields{"mode": "reserve", "a": 2}},
+		{Level: "trace", Msg: "t", Fields: watermill.LogFields{"mode": "reserve", "a": 0, "op": "x"}},
+	}, l.Entries())
+	require.Equal(t, "error e err=boom map[a:1]", l.Entries()[0].String())
+	require.Len(t, l.At("debug"), 1)
+	require.Equal(t, "d", l.At("debug")[0].Msg)
+	require.Empty(t, l.At("warn"))
+
+	entries := l.Entries()
+	entries[0].Msg = "changed"
+	require.Equal(t, "e", l.Entries()[0].Msg, "Entries returns a copy")
+
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { child.Info("concurrent", nil) })
+	}
+	wg.Wait()
+	require.Len(t, l.At("info"), 9)
+}
+
+func TestSQLiteStore(t *testing.T) {
+	t.Parallel()
+	clk := &testkit.Clock{}
+	clk.Advance(time.Hour)
+	store, db := testkit.SQLiteStore(t, inbox.Config{Table: "my_inbox", Now: clk.Now})
+	require.Same(t, db, store.DB())
+	require.Equal(t, "my_inbox", store.Table())
+	require.WithinDuration(t, clk.Now(), store.Now(), time.Minute)
+	ctx := context.Background()
+	_, err := store.Claim(ctx, db, inbox.ClaimParams{Operation: "op", Key: "k", PayloadHash: []byte{1},
+		Status: inbox.StatusCompleted})
+	require.NoError(t, err, "the store is migrated")
+	var n int
+	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM my_inbox").Scan(&n))
+	require.Equal(t, 1, n)
+
+	other := testkit.MigratedStore(t, db, inbox.SQLite(), inbox.Config{Table: "other_inbox"})
+	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM other_inbox").Scan(&n))
+	require.Zero(t, n)
+	require.Same(t, db, other.DB())
+
+	// A test may close the database itself; the cleanups still pass.
+	require.NoError(t, db.Close())
+}
+
+// TestOnlyTestsImportTestkit: no package of the module imports testkit
+// outside its _test.go files.
+func TestOnlyTestsImportTestkit(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command:", err)
+	}
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}:{{range .Imports}} {{.}}{{end}}",
+		"github.com/inboxmill/inboxmill/...").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	const self = "github.com/inboxmill/inboxmill/internal/testkit"
+	for line := range strings.Lines(string(out)) {
+		pkg, imports, _ := strings.Cut(strings.TrimSpace(line), ":")
+		require.NotContains(t, strings.Fields(imports), self, "%s imports testkit outside its tests", pkg)
+	}
+}
