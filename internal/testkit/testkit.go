@@ -132,3 +132,20 @@ func (l *Logger) At(level string) []LogEntry {
 	}
 	return out
 }
+
+// WaitFor polls cond every 50 ms until it holds, and fails t with what and
+// cond's last error when it has not held within limit.
+func WaitFor(t testing.TB, limit time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (last error: %v)", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
 	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
 const (
@@ -260,20 +261,10 @@ func (k *killableDialer) kill() {
 	}
 }
 
-// waitFor polls cond until it holds.
+// waitFor polls cond until it holds, for at most waitLimit.
 func (e *env) waitFor(what string, cond func() (bool, error)) {
 	e.t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s (last error: %v)", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.WaitFor(e.t, waitLimit, what, cond)
 }
 
 func (e *env) consumed(group string) func() (bool, error) {

@@ -26,6 +26,7 @@ import (
 	"github.com/inboxmill/inboxmill/internal/crashrelay"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
 	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
 const (
@@ -430,19 +431,10 @@ func (e *env) waitDone() {
 	})
 }
 
+// waitFor polls cond until it holds, for at most waitLimit.
 func (e *env) waitFor(what string, cond func() (bool, error)) {
 	e.t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s (last error: %v)", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.WaitFor(e.t, waitLimit, what, cond)
 }
 
 func (e *env) stop() {
