@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 	"github.com/inboxmill/inboxmill/internal/testkit"
 )
@@ -22,17 +24,19 @@ import (
 // unmigratedStore returns a store that has never touched its database.
 func unmigratedStore(t *testing.T) *inbox.Store {
 	t.Helper()
-	store, err := inbox.NewStore(testdb.Open(t, testdb.SQLite), inbox.SQLite(), inbox.Config{})
+	store, err := inbox.NewStore(testdb.Open(t, testdb.SQLite), sqlite.Dialect(), inbox.Config{})
 	require.NoError(t, err)
 	return store
 }
 
-// leafErrors flattens a tree of errors.Join'ed errors into its leaves.
+// leafErrors flattens a tree of errors.Join'ed errors into its leaves: the
+// problems New reports. An error wrapping several with fmt.Errorf (one
+// problem, a sentinel and its cause) is one leaf.
 func leafErrors(err error) []error {
 	if err == nil {
 		return nil
 	}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
+	if j, ok := err.(interface{ Unwrap() []error }); ok && fmt.Sprintf("%T", err) == "*errors.joinError" {
 		var out []error
 		for _, e := range j.Unwrap() {
 			out = append(out, leafErrors(e)...)
@@ -66,7 +70,8 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		}, want: "IgnoreFields only applies to the default Fingerprint"},
 		{name: "Retention -2ns", store: store, mutate: func(c *dedup.Config) { c.Retention = -2 }, want: "Retention"},
 		{name: "Retention -1h", store: store, mutate: func(c *dedup.Config) { c.Retention = -time.Hour }, want: "Retention -1h0m0s is negative"},
-		{name: "negative ClaimAttempts", store: store, mutate: func(c *dedup.Config) { c.ClaimAttempts = -1 }, want: "ClaimAttempts -1 is negative"},
+		{name: "negative ClaimAttempts", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{ClaimAttempts: -1} }, want: "ClaimAttempts -1 is negative"},
+		{name: "unknown ReadFirst", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{ReadFirst: dedup.ReadFirst(7)} }, want: "unknown ReadFirst 7"},
 		{name: "Operation of 256 bytes", store: store, mutate: func(c *dedup.Config) { c.Operation = strings.Repeat("o", 256) }, want: "operation is 256 bytes, more than 255"},
 		{name: "ignore path a..b", store: store, mutate: func(c *dedup.Config) { c.IgnoreFields = []string{"a..b"} }, want: `ignore path "a..b"`},
 		{name: "empty ignore path", store: store, mutate: func(c *dedup.Config) { c.IgnoreFields = []string{"ok", ""} }, want: `ignore path ""`},
@@ -99,20 +104,20 @@ func TestNewReportsEveryProblemAtOnce(t *testing.T) {
 		{
 			name: "with the default fingerprint",
 			cfg: dedup.Config{
-				Retention:     -2 * time.Second,
-				ClaimAttempts: -5,
-				Operation:     strings.Repeat("x", 300),
-				IgnoreFields:  []string{"a..b"},
+				Retention:    -2 * time.Second,
+				Mode:         dedup.Transactional{ClaimAttempts: -5},
+				Operation:    strings.Repeat("x", 300),
+				IgnoreFields: []string{"a..b"},
 			},
 			want: []string{"store is nil", "Key is required", "Retention -2s", "ClaimAttempts -5", "operation is 300 bytes", `ignore path "a..b"`},
 		},
 		{
 			name: "with a custom fingerprint",
 			cfg: dedup.Config{
-				Fingerprint:   dedup.RawFingerprint,
-				IgnoreFields:  []string{"sent_at"},
-				Retention:     -3,
-				ClaimAttempts: -1,
+				Fingerprint:  dedup.RawFingerprint,
+				IgnoreFields: []string{"sent_at"},
+				Retention:    -3,
+				Mode:         &dedup.Transactional{ClaimAttempts: -1},
 			},
 			want: []string{"store is nil", "Key is required", "IgnoreFields only applies", "Retention", "ClaimAttempts -1"},
 		},
@@ -145,15 +150,17 @@ func TestNewAcceptsValidConfigs(t *testing.T) {
 		{name: "only Key", cfg: dedup.Config{Key: dedup.KeyFromMetadata("event_id")}},
 		{name: "Retention -1 keeps forever", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Retention: -1}},
 		{name: "Retention 1ns", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Retention: 1}},
-		{name: "ClaimAttempts 1", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), ClaimAttempts: 1}},
+		{name: "ClaimAttempts 1", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Mode: dedup.Transactional{ClaimAttempts: 1}}},
 		{name: "Operation of 255 bytes", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Operation: strings.Repeat("o", 255)}},
 		{name: "valid IgnoreFields", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), IgnoreFields: []string{"sent_at", "meta.trace_id", "a.b.c.d"}}},
 		{name: "custom Fingerprint", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Fingerprint: dedup.RawFingerprint}},
 		{name: "custom Fingerprint and empty IgnoreFields", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Fingerprint: dedup.RawFingerprint, IgnoreFields: []string{}}},
 		{name: "everything set", cfg: dedup.Config{
 			Key: dedup.KeyFromJSON("id"), Scope: dedup.ScopeFromMetadata("tenant"), Operation: "op",
-			IgnoreFields: []string{"sent_at"}, Retention: time.Hour, TxOptions: &sql.TxOptions{},
-			ClaimAttempts: 10, Logger: watermill.NopLogger{}, Registerer: prometheus.NewRegistry(),
+			IgnoreFields: []string{"sent_at"}, Retention: time.Hour,
+			Mode: dedup.Transactional{TxOptions: &sql.TxOptions{}, ClaimAttempts: 10, ReadFirst: dedup.ReadFirstNever,
+				JoinTx: func(context.Context) (*sql.Tx, bool) { return nil, false }},
+			Logger: watermill.NopLogger{}, Registerer: prometheus.NewRegistry(),
 		}},
 	}
 	for _, tt := range tests {
@@ -170,7 +177,7 @@ func TestNewAcceptsValidConfigs(t *testing.T) {
 func TestNewDoesNotTouchTheDatabase(t *testing.T) {
 	t.Parallel()
 	db := testdb.Open(t, testdb.SQLite)
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{})
+	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{})
 	require.NoError(t, err)
 	require.NoError(t, db.Close())
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id")})
@@ -194,8 +201,7 @@ func TestNewDoesNotMutateTheCallersConfig(t *testing.T) {
 	require.Equal(t, []string{"sent_at", "meta.trace_id"}, cfg.IgnoreFields)
 	require.Equal(t, []string{"sent_at", "meta.trace_id"}, ignore, "the IgnoreFields backing array is untouched")
 	require.Zero(t, cfg.Retention, "Retention default not written back")
-	require.Nil(t, cfg.TxOptions)
-	require.Zero(t, cfg.ClaimAttempts, "ClaimAttempts default not written back")
+	require.Nil(t, cfg.Mode, "Mode default not written back")
 	require.Nil(t, cfg.Logger, "Logger default not written back")
 	require.Nil(t, cfg.Registerer)
 
@@ -212,7 +218,17 @@ func TestNewDoesNotMutateTheCallersConfig(t *testing.T) {
 	require.Nil(t, bad.Scope)
 	require.Nil(t, bad.Logger)
 	require.Equal(t, time.Duration(-5), bad.Retention)
-	require.Zero(t, bad.ClaimAttempts)
+	require.Nil(t, bad.Mode)
+
+	// Nor into a mode passed by pointer.
+	rs := &dedup.Reserve{}
+	tx := &dedup.Transactional{}
+	for _, mode := range []dedup.Mode{rs, tx} {
+		_, err = dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Mode: mode})
+		require.NoError(t, err)
+	}
+	require.Equal(t, dedup.Reserve{}, *rs, "Reserve defaults not written back")
+	require.Equal(t, dedup.Transactional{}, *tx, "Transactional defaults not written back")
 	require.Equal(t, []string{"x..y"}, bad.IgnoreFields)
 }
 
@@ -238,7 +254,7 @@ func TestRetentionSetsTheRecordsExpiry(t *testing.T) {
 			msg.Metadata.Set("event_id", "k")
 			_, err = d.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
 			require.NoError(t, err)
-			rec, err := store.Get(context.Background(), store.DB(), "", "op", "k")
+			rec, err := store.Get(context.Background(), store.DB(), inbox.ID{Operation: "op", Key: "k"})
 			require.NoError(t, err)
 			require.Equal(t, inbox.StatusCompleted, rec.Status)
 			require.True(t, tt.want.Equal(rec.ExpiresAt), "expires_at %v, want %v", rec.ExpiresAt, tt.want)
@@ -345,7 +361,7 @@ func TestIdentityFromConfig(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, 1, calls)
 			require.Equal(t, dedup.Stats{Executed: 1}, d.Stats())
-			_, err = store.Get(context.Background(), store.DB(), tt.wantScope, tt.wantOp, "k")
+			_, err = store.Get(context.Background(), store.DB(), inbox.ID{Scope: tt.wantScope, Operation: tt.wantOp, Key: "k"})
 			require.NoError(t, err)
 		})
 	}

@@ -24,14 +24,11 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 
 // Claim describes the intent a handler is running for.
 type Claim struct {
-	Scope     string
-	Operation string
-	Key       string
+	inbox.ID
 	// Attempt is the record's fencing token: 1 for the first claim.
 	Attempt int64
 	// IdempotencyKey is stable for every attempt of the same intent and
-	// safe to send to a provider as its idempotency key (64 hex
-	// characters, derived from scope, operation and key by SHA-256).
+	// safe to send to a provider as its idempotency key: ID.IdempotencyKey.
 	IdempotencyKey string
 }
 
@@ -46,10 +43,4 @@ func withClaim(ctx context.Context, tx *sql.Tx, c Claim) context.Context {
 		ctx = context.WithValue(ctx, txKey, tx)
 	}
 	return context.WithValue(ctx, claimKey, c)
-}
-
-// IdempotencyKeyOf returns the Claim.IdempotencyKey of a record's intent, for
-// a reconciler that looks an effect up by the key the handler sent.
-func IdempotencyKeyOf(rec *inbox.Record) string {
-	return idempotencyKey(identity{scope: rec.Scope, operation: rec.Operation, key: rec.Key})
 }

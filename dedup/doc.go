@@ -19,6 +19,24 @@
 // handler does not run and the message is not acked. A concurrent delivery
 // blocks on the uncommitted claim and then sees its outcome.
 //
+// # Two modes
+//
+// [Transactional] (the default) is for effects in the same database, as
+// above. [Reserve] is for effects outside it — a payment, an e-mail, a
+// partner API: a short statement reserves the intent under a lease
+// (inbox.Lease), the handler runs with no transaction open and sends
+// [Claim.IdempotencyKey] to the provider, and a second short statement
+// records the outcome if the lease is still this worker's. A handler
+// classifies its error with [Permanent] (failed for good) or [Uncertain]
+// (pending until package handlers/reconcile resolves it); anything else
+// releases the intent for an immediate retry.
+//
+// With watermill-sql's subscriber, Transactional.JoinTx set to
+// watermillsql.Tx (package dedup/watermillsql) runs the middleware in the
+// consuming transaction, so ack, record and writes commit together. Package
+// dedup/deduptest is the middleware's conformance suite and has helpers to
+// test a handler under redelivery.
+//
 // # Usage
 //
 //	d, err := dedup.New(store, dedup.Config{

@@ -80,18 +80,18 @@ type DryRunResult struct {
 // DryRunConflict), not an error.
 func (d *Deduplicator) DryRun(ctx context.Context, msg *message.Message, published time.Time) (DryRunResult, error) {
 	id, err := d.identify(msg)
-	if id.operation == "" {
+	if id.Operation == "" {
 		return DryRunResult{}, fmt.Errorf("%w: a dry run needs Config.Operation (the router handler's name) "+
 			"or a handler name in the message's context", ErrInvalidConfig)
 	}
-	res := DryRunResult{Operation: id.operation}
+	res := DryRunResult{Operation: id.Operation}
 	if err != nil {
 		res.Class, res.Err = DryRunInvalid, err
 		return res, nil
 	}
-	res.Scope, res.Key, res.KeyDigest, res.PayloadHash = id.scope, id.key, id.digest, id.hash
+	res.Scope, res.Key, res.KeyDigest, res.PayloadHash = id.Scope, id.Key, id.digest, id.hash
 
-	rec, err := d.store.Get(ctx, d.store.DB(), id.scope, id.operation, id.key)
+	rec, err := d.store.Get(ctx, d.store.DB(), id.ID)
 	if errors.Is(err, inbox.ErrNotFound) {
 		res.Class = DryRunNew
 		if d.beforeRetention(published) {
@@ -108,20 +108,13 @@ func (d *Deduplicator) DryRun(ctx context.Context, msg *message.Message, publish
 		// A conflict outranks expiry: while the record exists, a replay
 		// refuses the message, and the reuse of the key is worth knowing.
 		res.Class = DryRunConflict
-		res.Err = &inbox.ConflictError{Scope: id.scope, Operation: id.operation, KeyDigest: id.digest, Existing: rec}
-	case purgeable(rec, d.store.Now()):
+		res.Err = &inbox.ConflictError{ID: id.ID, Existing: rec}
+	case rec.Purgeable(d.store.Now()):
 		res.Class = DryRunExpired
 	default:
 		res.Class = DryRunDuplicate
 	}
 	return res, nil
-}
-
-// purgeable reports whether the next purge deletes rec: it is finished and
-// past its expires_at. Processing and pending records are never purged.
-func purgeable(rec *inbox.Record, now time.Time) bool {
-	finished := rec.Status == inbox.StatusCompleted || rec.Status == inbox.StatusFailed
-	return finished && !rec.ExpiresAt.IsZero() && !rec.ExpiresAt.After(now)
 }
 
 // beforeRetention reports whether a message published at t is older than

@@ -16,6 +16,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
@@ -51,7 +52,7 @@ type dryRunBundle struct {
 // of a handler that counts its runs.
 func setupDryRun(t *testing.T, kind testdb.Kind, retention time.Duration) *dryRunBundle {
 	t.Helper()
-	db := openDryRunDB(t, kind)
+	db := openShared(t, kind)
 	b := &dryRunBundle{db: db, clock: &dryRunClock{now: time.Now().UTC().Truncate(time.Second)}}
 	table := testdb.UniqueName("dryrun")
 	store, err := inbox.NewStore(db, testdb.Dialect(kind), inbox.Config{Table: table, Now: b.clock.Now})
@@ -73,33 +74,6 @@ func setupDryRun(t *testing.T, kind testdb.Kind, retention time.Duration) *dryRu
 		return err
 	}
 	return b
-}
-
-// openDryRunDB opens a database of kind for one test and closes it after:
-// the package's TestMain checks that no goroutine outlives the tests, and
-// the servers' drivers keep one per open connection. An unreachable server
-// skips the test, or fails it when CI is set, as internal/testdb does.
-func openDryRunDB(t *testing.T, kind testdb.Kind) *sql.DB {
-	t.Helper()
-	if kind == testdb.SQLite {
-		return testdb.OpenSQLite(t, filepath.Join(t.TempDir(), "dryrun.db"))
-	}
-	driver, dsn := "postgres", testdb.PostgresDSN()
-	if kind == testdb.MySQL {
-		driver, dsn = "mysql", testdb.MySQLDSN()
-	}
-	db, err := sql.Open(driver, dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is unreachable and CI is set: %v", kind, err)
-		}
-		t.Skipf("%s is unreachable (set CI=1 to fail instead): %v", kind, err)
-	}
-	return db
 }
 
 func dryRunDedup(t *testing.T, store *inbox.Store, retention time.Duration) *dedup.Deduplicator {
@@ -127,7 +101,7 @@ func dryRunMsg(eventID, payload string) *message.Message {
 // TestDryRunClassifies checks every class on every database, against what
 // the middleware then does with the same message.
 func TestDryRunClassifies(t *testing.T) {
-	for _, kind := range []testdb.Kind{testdb.SQLite, testdb.PostgresPQ, testdb.MySQL} {
+	for _, kind := range testdb.All {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -174,7 +148,7 @@ func TestDryRunClassifies(t *testing.T) {
 				}
 				require.Equal(t, "shop-1", res.Scope, c.name)
 				require.Equal(t, c.msg.Metadata.Get("event_id"), res.Key, c.name)
-				require.Equal(t, inbox.KeyDigest("shop-1", "ship_order", res.Key), res.KeyDigest, c.name)
+				require.Equal(t, inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: res.Key}.Digest(), res.KeyDigest, c.name)
 				require.NotEmpty(t, res.PayloadHash, c.name)
 				require.Equal(t, c.want != dedup.DryRunNew && c.want != dedup.DryRunExpired, res.Record != nil, c.name)
 			}
@@ -225,10 +199,13 @@ func TestDryRunExpiredRecord(t *testing.T) {
 
 	// A purge never deletes an unfinished record, whatever its expires_at:
 	// a replay finds it, so it is no older than the window.
-	_, err = b.store.Claim(ctx, b.db, inbox.ClaimParams{Scope: "shop-1", Operation: "ship_order", Key: "running",
-		PayloadHash: dryRunFingerprint(t, `{"order":2}`), Status: inbox.StatusProcessing,
-		ExpiresAt: b.clock.Now().Add(-time.Minute)})
+	_, err = b.store.Reserve(ctx, inbox.ReserveParams{ID: inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: "running"},
+		PayloadHash: dryRunFingerprint(t, `{"order":2}`), Owner: "worker", Lease: time.Hour, Retention: time.Minute})
 	require.NoError(t, err)
+	b.clock.Add(2 * time.Minute) // past its expires_at
+	running, err := b.store.Get(ctx, b.db, inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: "running"})
+	require.NoError(t, err)
+	require.True(t, running.ExpiresAt.Before(b.clock.Now()))
 	res, err = d.DryRun(ctx, dryRunMsg("running", `{"order":2}`), published)
 	require.NoError(t, err)
 	require.Equal(t, dedup.DryRunDuplicate, res.Class)
@@ -296,8 +273,8 @@ func TestDryRunReportPredictsTheRange(t *testing.T) {
 	d := dryRunDedup(t, b.store, time.Hour)
 	require.NoError(t, b.run(dryRunMsg("done", `{"n":0}`)))
 	// A reserve-mode intent still running.
-	_, err := b.store.Claim(ctx, b.db, inbox.ClaimParams{Scope: "shop-1", Operation: "ship_order", Key: "running",
-		PayloadHash: dryRunFingerprint(t, `{"n":9}`), Status: inbox.StatusProcessing})
+	_, err := b.store.Reserve(ctx, inbox.ReserveParams{ID: inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: "running"},
+		PayloadHash: dryRunFingerprint(t, `{"n":9}`), Owner: "worker", Lease: time.Hour})
 	require.NoError(t, err)
 	now := b.clock.Now()
 	old := now.Add(-2 * time.Hour)
@@ -351,9 +328,9 @@ func ExampleDeduplicator_DryRun() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "inboxmill-dryrun")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(dir, "dryrun.db")))
+	db, _ := sql.Open("sqlite", sqlite.DSN(filepath.Join(dir, "dryrun.db")))
 	defer db.Close()
-	store, _ := inbox.NewStore(db, inbox.SQLite(), inbox.Config{})
+	store, _ := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{})
 	if err := store.Migrate(ctx); err != nil {
 		panic(err)
 	}

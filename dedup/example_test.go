@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
 
 // A payment event delivered three times: once, again (a redelivery), and
@@ -22,10 +23,10 @@ import (
 func Example() {
 	dir, _ := os.MkdirTemp("", "inboxmill-example")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(dir, "example.db")))
+	db, _ := sql.Open("sqlite", sqlite.DSN(filepath.Join(dir, "example.db")))
 	defer db.Close()
 
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Table: "inbox"})
+	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Table: "inbox"})
 	if err != nil {
 		panic(err)
 	}

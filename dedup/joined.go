@@ -9,36 +9,15 @@ import (
 	"sync"
 	"weak"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
 // TxJoiner finds the transaction a message was consumed in, for
-// Config.JoinTx.
+// Transactional.JoinTx. Package dedup/watermillsql has the one for
+// watermill-sql's subscriber.
 type TxJoiner func(ctx context.Context) (*sql.Tx, bool)
-
-// WatermillSQLTx joins the consuming transaction of watermill-sql's
-// subscriber (github.com/ThreeDotsLabs/watermill-sql/v4), so that the ack,
-// the inbox record and the handler's writes commit together. The subscriber
-// must be built on database/sql (sql.BeginnerFromStdSQL), with the inbox in
-// the same database, and its schema adapter must fetch one message per
-// transaction (SubscribeBatchSize: 1): the adapter acks the whole fetched
-// batch, so with more a failed message would be acked along with the rest.
-// The middleware refuses a second message in one transaction with
-// ErrBatchedConsumingTx.
-func WatermillSQLTx(ctx context.Context) (*sql.Tx, bool) {
-	tx, ok := wsql.TxFromContext(ctx)
-	if !ok {
-		return nil, false
-	}
-	switch t := tx.(type) {
-	case *wsql.StdSQLTx:
-		return t.Tx, t.Tx != nil
-	case wsql.StdSQLTx:
-		return t.Tx, t.Tx != nil
-	}
-	return nil, false
-}
 
 var (
 	// ErrBatchedConsumingTx: two different messages arrived in one joined
@@ -53,8 +32,6 @@ var (
 	ErrConsumingTxAborted = errors.New("dedup: the consuming transaction was aborted by an earlier attempt")
 )
 
-const savepoint = "inboxmill_attempt"
-
 // joined runs one delivery inside the consuming transaction tx, each
 // attempt under a savepoint: watermill-sql does not roll the transaction
 // back on a nack but resends the message in it, so a failed attempt's
@@ -66,40 +43,33 @@ func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Mess
 	if err := d.txs.claim(tx, msg.UUID); err != nil {
 		return nil, OutcomeRetry, err
 	}
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepoint); err != nil {
-		return nil, OutcomeRetry, fmt.Errorf("dedup: savepoint: %w", d.store.Classify(err))
-	}
-	out, outcome, _, err := d.inTx(ctx, tx, tx, msg, h, id)
-	if err == nil && outcome == OutcomeExecuted {
-		if _, rerr := tx.ExecContext(ctx, "RELEASE SAVEPOINT "+savepoint); rerr != nil {
-			d.txs.abort(tx)
-			return nil, OutcomeRetry, fmt.Errorf("dedup: release savepoint: %w", d.store.Classify(rerr))
-		}
+	var (
+		out     []*message.Message
+		outcome Outcome
+	)
+	err := d.store.WithSavepoint(ctx, tx, func() error {
+		var err error
+		out, outcome, _, err = d.inTx(ctx, tx, tx, msg, h, id)
+		return err
+	})
+	switch {
+	case err == nil:
 		return out, outcome, nil
-	}
-	// A duplicate wrote nothing; a failure must leave nothing behind. A
-	// context already cancelled still needs the rollback to run.
-	rctx := context.WithoutCancel(ctx)
-	if _, rerr := tx.ExecContext(rctx, "ROLLBACK TO SAVEPOINT "+savepoint); rerr != nil {
+	case errors.Is(err, inbox.ErrTxAborted):
 		// The savepoint is gone: the database ended the transaction (a
 		// MySQL deadlock rolls it back whole). Writing on would autocommit.
 		d.txs.abort(tx)
-		return nil, OutcomeRetry, errors.Join(err, fmt.Errorf("%w: %w", ErrConsumingTxAborted, rerr))
-	}
-	if _, rerr := tx.ExecContext(rctx, "RELEASE SAVEPOINT "+savepoint); rerr != nil {
-		d.txs.abort(tx)
-		return nil, OutcomeRetry, errors.Join(err, fmt.Errorf("%w: %w", ErrConsumingTxAborted, rerr))
+		return nil, OutcomeRetry, fmt.Errorf("%w: %w", ErrConsumingTxAborted, err)
 	}
 	var pe *PermanentError
 	if errors.As(err, &pe) {
 		// Recorded in the consuming transaction, so it commits with the
 		// ack that the poison queue's handling causes.
-		_, cerr := d.store.Claim(ctx, tx, permanentClaim(msg, id, pe, d.expiresAt()))
-		if cerr == nil {
+		if _, cerr := d.store.Claim(ctx, tx, d.permanentClaim(msg, id, pe)); cerr == nil {
 			outcome = OutcomeFailed
 		}
 	}
-	return out, outcome, err
+	return nil, outcome, err
 }
 
 // txRegistry remembers, per joined consuming transaction, which message it

@@ -2,14 +2,11 @@ package dedup
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"runtime/debug"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -24,22 +21,13 @@ import (
 type Deduplicator struct {
 	store   *inbox.Store
 	cfg     Config
+	tx      Transactional // the mode's settings, with defaults
+	rs      *Reserve      // nil in transactional mode
 	fp      FingerprintFunc
 	metrics *metrics
 	stats   counters
 	txs     txRegistry
 	dups    dupRate
-	// clockTry paces the clock sync before reservations while none
-	// succeeded.
-	clockTry pacer
-}
-
-// pacer lets one caller through at most once a second.
-type pacer struct{ next atomic.Int64 }
-
-func (p *pacer) due(now time.Time) bool {
-	n := p.next.Load()
-	return now.UnixNano() >= n && p.next.CompareAndSwap(n, now.Add(time.Second).UnixNano())
 }
 
 // New returns a Deduplicator over store. It validates cfg (reporting every
@@ -64,7 +52,14 @@ func New(store *inbox.Store, cfg Config) (*Deduplicator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dedup: register metrics: %w", err)
 	}
-	return &Deduplicator{store: store, cfg: cfg, fp: fp, metrics: m}, nil
+	d := &Deduplicator{store: store, cfg: cfg, fp: fp, metrics: m}
+	switch mode := cfg.Mode.(type) {
+	case Transactional:
+		d.tx = mode
+	case Reserve:
+		d.rs = &mode
+	}
+	return d, nil
 }
 
 // Stats returns the outcome counts so far.
@@ -93,17 +88,17 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 // identity is what a delivery is deduplicated by.
 type identity struct {
-	scope, operation, key string
-	hash                  []byte
-	digest                string
+	inbox.ID
+	hash   []byte
+	digest string
 }
 
 func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
 	// The operation first: even a message refused for its key is counted
 	// and logged under the handler it reached.
-	id := identity{operation: d.cfg.Operation}
-	if id.operation == "" {
-		id.operation = message.HandlerNameFromCtx(msg.Context())
+	id := identity{ID: inbox.ID{Operation: d.cfg.Operation}}
+	if id.Operation == "" {
+		id.Operation = message.HandlerNameFromCtx(msg.Context())
 	}
 	key, err := d.cfg.Key(msg)
 	if err != nil {
@@ -113,20 +108,22 @@ func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
 	if err != nil {
 		return id, err
 	}
-	if err := inbox.ValidateIdentity(scope, id.operation, key); err != nil {
-		if id.operation == "" {
+	full := inbox.ID{Scope: scope, Operation: id.Operation, Key: key}
+	if err := full.Validate(); err != nil {
+		if id.Operation == "" {
 			err = fmt.Errorf("%w (set dedup.Config.Operation when running outside a message.Router)", err)
 		}
 		return id, err
 	}
-	id.scope, id.key = scope, key
-	id.digest = inbox.KeyDigest(scope, id.operation, key)
+	id.ID = full
+	id.digest = full.Digest()
 	hash, err := d.fp(msg)
 	if err != nil {
 		return id, fmt.Errorf("%w: %w", ErrFingerprint, err)
 	}
-	if len(hash) == 0 || len(hash) > 64 {
-		return id, fmt.Errorf("%w: the fingerprint function returned %d bytes; it must return 1 to 64", ErrFingerprint, len(hash))
+	if len(hash) == 0 || len(hash) > inbox.MaxPayloadHashLen {
+		return id, fmt.Errorf("%w: the fingerprint function returned %d bytes; it must return 1 to %d",
+			ErrFingerprint, len(hash), inbox.MaxPayloadHashLen)
 	}
 	id.hash = hash
 	return id, nil
@@ -142,7 +139,7 @@ func (d *Deduplicator) handle(msg *message.Message, h message.HandlerFunc) ([]*m
 		out     []*message.Message
 		outcome Outcome
 	)
-	if d.cfg.Mode == ModeReserve {
+	if d.rs != nil {
 		out, outcome, err = d.reserve(msg, h, id)
 	} else {
 		out, outcome, err = d.transactional(msg, h, id)
@@ -169,8 +166,7 @@ func (d *Deduplicator) run(ctx context.Context, tx *sql.Tx, msg *message.Message
 }
 
 func (d *Deduplicator) claimFor(id identity, attempt int64) Claim {
-	return Claim{Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: attempt,
-		IdempotencyKey: idempotencyKey(id)}
+	return Claim{ID: id.ID, Attempt: attempt, IdempotencyKey: id.IdempotencyKey()}
 }
 
 // maxErrorLen bounds the error text stored with a record.
@@ -188,22 +184,20 @@ func errorText(err error) string {
 	return s
 }
 
-func (d *Deduplicator) expiresAt() time.Time {
-	if d.cfg.Retention < 0 {
-		return time.Time{}
-	}
-	return d.store.Now().Add(d.cfg.Retention)
+// retention is the record's retention for the store: 0 keeps it forever.
+func (d *Deduplicator) retention() time.Duration {
+	return max(d.cfg.Retention, 0)
 }
 
 func (d *Deduplicator) logFields(msg *message.Message, id identity, o Outcome, err error) watermill.LogFields {
 	fields := watermill.LogFields{
 		"message_uuid": msg.UUID,
 		"outcome":      string(o),
-		"operation":    id.operation,
-		"scope":        id.scope,
+		"operation":    id.Operation,
+		"scope":        id.Scope,
 		"key_digest":   id.digest,
 	}
-	if d.cfg.Mode == ModeReserve {
+	if d.rs != nil {
 		fields["mode"] = "reserve"
 	}
 	if err != nil {
@@ -214,7 +208,7 @@ func (d *Deduplicator) logFields(msg *message.Message, id identity, o Outcome, e
 
 func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err error) {
 	d.stats.add(o)
-	d.metrics.observe(id.operation, o)
+	d.metrics.observe(id.Operation, o)
 	if _, nop := d.cfg.Logger.(watermill.NopLogger); nop {
 		return // no fields map to build for a logger that drops them
 	}
@@ -239,23 +233,8 @@ func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err 
 	}
 }
 
-// idempotencyKey is stable for every attempt of one intent and reveals
-// nothing of the key itself.
-func idempotencyKey(id identity) string {
-	h := sha256.New()
-	for _, s := range []string{id.scope, id.operation, id.key} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
 // correlationID picks up the correlation ID set by watermill's
-// CorrelationID middleware, if any.
+// CorrelationID middleware, if any; the store drops one it cannot store.
 func correlationID(msg *message.Message) string {
-	v := msg.Metadata.Get("correlation_id")
-	if len(v) > 255 {
-		return ""
-	}
-	return v
+	return msg.Metadata.Get("correlation_id")
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -208,13 +209,19 @@ func TestMetricsRecordInFlightFailedAndTerminalRecords(t *testing.T) {
 		return nil, errors.New("handler failed")
 	})
 
-	// A record another worker holds (processing) and one that failed for good.
-	for key, status := range map[string]inbox.Status{"held": inbox.StatusProcessing, "dead": inbox.StatusFailed} {
-		hash, err := fingerprint(obsMsg(key, `{"n":1}`))
-		require.NoError(t, err)
-		_, err = store.Claim(ctx, store.DB(), inbox.ClaimParams{Operation: "op", Key: key, PayloadHash: hash, Status: status})
-		require.NoError(t, err)
-	}
+	// A record another worker holds (processing, as a reserve-mode
+	// middleware on the same operation would leave it) and one that failed
+	// for good.
+	hash, err := fingerprint(obsMsg("held", `{"n":1}`))
+	require.NoError(t, err)
+	_, err = store.Reserve(ctx, inbox.ReserveParams{ID: inbox.ID{Operation: "op", Key: "held"}, PayloadHash: hash,
+		Owner: "other", Lease: time.Hour})
+	require.NoError(t, err)
+	hash, err = fingerprint(obsMsg("dead", `{"n":1}`))
+	require.NoError(t, err)
+	_, err = store.Claim(ctx, store.DB(), inbox.ClaimParams{ID: inbox.ID{Operation: "op", Key: "dead"}, PayloadHash: hash,
+		Status: inbox.StatusFailed})
+	require.NoError(t, err)
 
 	out, err := h(obsMsg("held", `{"n":1}`))
 	require.ErrorIs(t, err, dedup.ErrInFlight)
@@ -236,7 +243,7 @@ func TestMetricsRecordInFlightFailedAndTerminalRecords(t *testing.T) {
 	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeInFlight))
 	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeDuplicate))
 	require.Equal(t, 1.0, outcomeCount(t, reg, "op", dedup.OutcomeRetry))
-	_, err = store.Get(ctx, store.DB(), "", "op", "new")
+	_, err = store.Get(ctx, store.DB(), inbox.ID{Operation: "op", Key: "new"})
 	require.ErrorIs(t, err, inbox.ErrNotFound, "the failed delivery left no record")
 }
 
@@ -293,7 +300,8 @@ func TestLoggingLevelsAndRedaction(t *testing.T) {
 	heldKey := secretKey + "-held"
 	hash, err := fingerprint(obsMsg(heldKey, payload))
 	require.NoError(t, err)
-	_, err = store.Claim(ctx, store.DB(), inbox.ClaimParams{Operation: "op", Key: heldKey, PayloadHash: hash})
+	_, err = store.Reserve(ctx, inbox.ReserveParams{ID: inbox.ID{Operation: "op", Key: heldKey}, PayloadHash: hash,
+		Owner: "other", Lease: time.Hour})
 	require.NoError(t, err)
 
 	deliveries := []delivery{
@@ -327,7 +335,7 @@ func TestLoggingLevelsAndRedaction(t *testing.T) {
 			require.Equal(t, uuids[i], e.Fields["message_uuid"])
 			require.Contains(t, e.Fields, "key_digest")
 			if dl.outcome != dedup.OutcomeInvalid {
-				require.Equal(t, inbox.KeyDigest("", "op", dl.key), e.Fields["key_digest"])
+				require.Equal(t, inbox.ID{Operation: "op", Key: dl.key}.Digest(), e.Fields["key_digest"])
 				require.Equal(t, "op", e.Fields["operation"])
 				require.Equal(t, "", e.Fields["scope"])
 			}
@@ -440,8 +448,9 @@ func TestContextAfterHandler(t *testing.T) {
 			require.ErrorIs(t, err, sql.ErrTxDone, "the transaction is finished when the middleware returns")
 
 			sum := sha256.Sum256([]byte("acme\x00op\x00k\x00"))
-			require.Equal(t, dedup.Claim{Scope: "acme", Operation: "op", Key: "k", Attempt: 1,
+			require.Equal(t, dedup.Claim{ID: inbox.ID{Scope: "acme", Operation: "op", Key: "k"}, Attempt: 1,
 				IdempotencyKey: hex.EncodeToString(sum[:])}, seenClaim)
+			require.Equal(t, seenClaim.ID.IdempotencyKey(), seenClaim.IdempotencyKey)
 		})
 	}
 }

@@ -71,7 +71,7 @@ func (r *dupRate) observe(duplicate bool) {
 func (r *dupRate) high() bool { return r.v.Load() >= dupRateOne/2 }
 
 func (d *Deduplicator) shouldReadFirst() bool {
-	switch d.cfg.ReadFirst {
+	switch d.tx.ReadFirst {
 	case ReadFirstAlways:
 		return true
 	case ReadFirstNever:
@@ -87,14 +87,13 @@ func (d *Deduplicator) shouldReadFirst() bool {
 // way, whose claim is the arbiter.
 func (d *Deduplicator) readFirst(ctx context.Context, id identity) (out []*message.Message, outcome Outcome, err error, done bool) {
 	start := time.Now()
-	rec, gerr := d.store.Get(ctx, d.store.DB(), id.scope, id.operation, id.key)
-	d.metrics.observeClaim(id.operation, time.Since(start))
-	if gerr != nil || (rec.Status != inbox.StatusCompleted && rec.Status != inbox.StatusFailed) {
+	rec, gerr := d.store.Get(ctx, d.store.DB(), id.ID)
+	d.metrics.observeClaim(id.Operation, time.Since(start))
+	if gerr != nil || !rec.Status.Finished() {
 		return nil, "", nil, false
 	}
 	if !rec.SamePayload(id.hash) {
-		return nil, OutcomeConflict, &inbox.ConflictError{Scope: id.scope, Operation: id.operation,
-			KeyDigest: id.digest, Existing: rec}, true
+		return nil, OutcomeConflict, &inbox.ConflictError{ID: id.ID, Existing: rec}, true
 	}
 	out, outcome, err = d.replay(rec)
 	return out, outcome, err, true

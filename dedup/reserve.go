@@ -16,7 +16,7 @@ import (
 // must be recorded even when the router is shutting down.
 const finishTimeout = 15 * time.Second
 
-// reserve runs one delivery in ModeReserve:
+// reserve runs one delivery in Reserve mode:
 //
 //  1. a short statement reserves the intent (processing, lease, attempt 1);
 //  2. the handler runs with no transaction open, a heartbeat extending the
@@ -29,41 +29,28 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 	[]*message.Message, Outcome, error,
 ) {
 	ctx := msg.Context()
-	db := d.store.DB()
-	if _, synced := d.store.ClockOffset(); !synced && d.clockTry.due(time.Now()) {
-		// Leases are judged by the database's clock (inbox.Config.ClockSync);
-		// measure it before a reservation rather than in the background
-		// after it, until one measurement succeeded (at most once a
-		// second while none does). Without clock sync
-		// (SQLite, or turned off) this returns at once. A failure leaves
-		// the local clock in use; the claim reports a database that is down.
-		_ = d.store.SyncClock(ctx)
-	}
-	waitUntil := time.Now().Add(max(d.cfg.InFlightWait, 0))
+	rs := d.rs
+	waitUntil := time.Now().Add(max(rs.InFlightWait, 0))
 	var rec *inbox.Record
 	for {
 		if rec == nil {
 			start := time.Now()
-			now := d.store.Now()
-			res, err := d.store.Claim(ctx, db, inbox.ClaimParams{
-				Scope:         id.scope,
-				Operation:     id.operation,
-				Key:           id.key,
+			res, err := d.store.Reserve(ctx, inbox.ReserveParams{
+				ID:            id.ID,
 				PayloadHash:   id.hash,
-				Status:        inbox.StatusProcessing,
-				LeaseOwner:    d.cfg.Owner,
-				LeaseUntil:    now.Add(d.cfg.Lease),
+				Owner:         rs.Owner,
+				Lease:         rs.Lease,
 				CorrelationID: correlationID(msg),
-				ExpiresAt:     d.expiresAt(),
+				Retention:     d.retention(),
 			})
-			d.metrics.observeClaim(id.operation, time.Since(start))
+			d.metrics.observeClaim(id.Operation, time.Since(start))
 			switch {
 			case errors.Is(err, ErrPayloadConflict):
 				return nil, OutcomeConflict, err
 			case err != nil:
 				return nil, OutcomeRetry, err
-			case res.Claimed:
-				return d.execute(msg, h, id, res.Record.Attempt)
+			case res.Lease != nil:
+				return d.execute(msg, h, id, res.Lease)
 			}
 			rec = res.Record
 		}
@@ -73,33 +60,29 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 		case inbox.StatusCompleted, inbox.StatusFailed:
 			return d.replay(rec)
 		case inbox.StatusPending:
-			if d.cfg.AckPending {
+			if rs.AckPending {
 				return nil, OutcomePending, nil
 			}
 		case inbox.StatusProcessing:
 			now := d.store.Now()
-			// The same rule as the TakeOver statement (lease_until < now):
-			// were they to disagree on a lease expiring exactly now, the
-			// delivery would spin between a refused take-over and a re-read.
-			if rec.LeaseUntil.IsZero() || rec.LeaseUntil.Before(now) {
-				ok, err := d.store.TakeOver(ctx, db, inbox.TakeOverParams{
-					Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: rec.Attempt,
-					LeaseOwner: d.cfg.Owner, LeaseUntil: now.Add(d.cfg.Lease),
-				})
-				if err != nil {
-					return nil, OutcomeRetry, err
-				}
-				if ok {
+			if rec.LeaseExpired(now) {
+				lease, err := d.store.TakeOver(ctx, rec, inbox.TakeOverParams{Owner: rs.Owner, Lease: rs.Lease})
+				switch {
+				case err == nil:
 					d.stats.takeover.Add(1)
-					d.metrics.observeTakeover(id.operation)
-					return d.execute(msg, h, id, rec.Attempt+1)
-				}
-				// Another delivery took it first: read what it did. If the
-				// record still shows the attempt just refused, wait below
-				// rather than spin.
-				seen := rec.Attempt
-				if rec = d.reread(ctx, id); rec == nil || rec.Attempt != seen || rec.Status != inbox.StatusProcessing {
-					continue
+					d.metrics.observeTakeover(id.Operation)
+					return d.execute(msg, h, id, lease)
+				case errors.Is(err, inbox.ErrLeaseLost), errors.Is(err, inbox.ErrIllegalTransition):
+					// Another delivery took it first (or the store's clock
+					// moved back past the lease): read what it did. If the
+					// record still shows the attempt just refused, wait below
+					// rather than spin.
+					seen := rec.Attempt
+					if rec = d.reread(ctx, id); rec == nil || rec.Attempt != seen || rec.Status != inbox.StatusProcessing {
+						continue
+					}
+				default:
+					return nil, OutcomeRetry, err
 				}
 			}
 			leaseLeft = rec.LeaseUntil.Sub(now)
@@ -113,7 +96,7 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 			}
 			return nil, OutcomeInFlight, fmt.Errorf("%w (held by %s, attempt %d)", ErrInFlight, rec.LeaseOwner, rec.Attempt)
 		}
-		pause := min(d.cfg.InFlightPoll, left)
+		pause := min(rs.InFlightPoll, left)
 		if leaseLeft > 0 {
 			pause = min(pause, leaseLeft+time.Millisecond)
 		}
@@ -129,35 +112,35 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 // reread reads the record again; nil (claim again) when it is gone or the
 // read failed, so that the next round's claim reports the error.
 func (d *Deduplicator) reread(ctx context.Context, id identity) *inbox.Record {
-	rec, err := d.store.Get(ctx, d.store.DB(), id.scope, id.operation, id.key)
+	rec, err := d.store.Get(ctx, d.store.DB(), id.ID)
 	if err != nil {
 		return nil
 	}
 	return rec
 }
 
-// execute runs the handler for a reservation this worker holds at attempt,
-// then records the outcome the handler's error classifies.
-func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id identity, attempt int64) (
+// execute runs the handler under lease, then records the outcome the
+// handler's error classifies through it.
+func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id identity, lease *inbox.Lease) (
 	[]*message.Message, Outcome, error,
 ) {
 	ctx := msg.Context()
 	// The handler's context ends when the heartbeat finds the lease lost:
 	// another worker owns the intent, and this one should stop its call.
 	hctx, lost := context.WithCancelCause(ctx)
-	stop := d.heartbeat(msg, id, attempt, lost)
-	out, herr := d.run(hctx, nil, msg, h, d.claimFor(id, attempt))
+	stop := d.heartbeat(msg, id, lease, lost)
+	out, herr := d.run(hctx, nil, msg, h, d.claimFor(id, lease.Attempt()))
 	stop()
 	lost(nil)
 	msg.SetContext(ctx)
 
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	fin := inbox.FinishParams{Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: attempt,
-		From: inbox.StatusProcessing}
 	var (
 		outcome Outcome
 		ret     error
+		ferr    error
+		to      inbox.Status
 		pe      *PermanentError
 		ue      *UncertainError
 	)
@@ -170,25 +153,29 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 				d.logFields(msg, id, OutcomeExecuted, err))
 			out = nil
 		}
-		fin.To, fin.Result, fin.ExpiresAt, outcome = inbox.StatusCompleted, enc, d.expiresAt(), OutcomeExecuted
+		to, outcome = inbox.StatusCompleted, OutcomeExecuted
+		ferr = lease.Complete(fctx, inbox.Outcome{Result: enc})
 	case errors.As(herr, &ue):
-		fin.To, fin.ExternalRef, fin.Error, outcome = inbox.StatusPending, ue.ExternalRef, errorText(ue.Err), OutcomePending
-		if !d.cfg.AckPending {
+		to, outcome = inbox.StatusPending, OutcomePending
+		if !d.rs.AckPending {
 			ret = fmt.Errorf("%w: %w", ErrPending, herr)
 		}
+		ferr = lease.Pend(fctx, ue.ExternalRef, errorText(ue.Err))
 	case errors.As(herr, &pe):
-		fin.To, fin.Error, fin.ExpiresAt, outcome, ret = inbox.StatusFailed, errorText(pe.Err), d.expiresAt(), OutcomeFailed, herr
+		to, outcome, ret = inbox.StatusFailed, OutcomeFailed, herr
+		ferr = lease.Fail(fctx, errorText(pe.Err))
 	default:
 		// Transient: release the reservation so the redelivery takes it
 		// over at once instead of waiting out the lease.
-		fin.To, fin.Error, outcome, ret = inbox.StatusProcessing, errorText(herr), OutcomeRetry, herr
+		to, outcome, ret = inbox.StatusProcessing, OutcomeRetry, herr
+		ferr = lease.Release(fctx, errorText(herr))
 	}
-	if err := d.store.Finish(fctx, d.store.DB(), fin); err != nil {
+	if ferr != nil {
 		// Lease lost: another worker owns the intent now and records its
 		// outcome. Anything else: the record stays processing under this
 		// lease; after it expires a redelivery takes it over as a new
 		// attempt, which is why handlers pass Claim.IdempotencyKey on.
-		return nil, OutcomeRetry, errors.Join(fmt.Errorf("dedup: record outcome %s: %w", fin.To, err), herr)
+		return nil, OutcomeRetry, errors.Join(fmt.Errorf("dedup: record outcome %s: %w", to, ferr), herr)
 	}
 	if outcome == OutcomeExecuted {
 		return out, outcome, nil
@@ -199,12 +186,11 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 // heartbeat extends the lease every HeartbeatInterval until the returned
 // stop function is called; stop waits for the goroutine to end. It gives up
 // when the lease is lost (cancelling the handler's context with lost; the
-// final Finish reports it), and when the
-// message's context ends: the consumer is going away, and the intent is
-// left to expire and be taken over rather than held by a worker that may
-// never report.
-func (d *Deduplicator) heartbeat(msg *message.Message, id identity, attempt int64, lost context.CancelCauseFunc) (stop func()) {
-	if d.cfg.HeartbeatInterval <= 0 {
+// final transition reports it), and when the message's context ends: the
+// consumer is going away, and the intent is left to expire and be taken
+// over rather than held by a worker that may never report.
+func (d *Deduplicator) heartbeat(msg *message.Message, id identity, lease *inbox.Lease, lost context.CancelCauseFunc) (stop func()) {
+	if d.rs.HeartbeatInterval <= 0 {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -212,7 +198,7 @@ func (d *Deduplicator) heartbeat(msg *message.Message, id identity, attempt int6
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(d.cfg.HeartbeatInterval)
+		t := time.NewTicker(d.rs.HeartbeatInterval)
 		defer t.Stop()
 		for {
 			select {
@@ -222,8 +208,7 @@ func (d *Deduplicator) heartbeat(msg *message.Message, id identity, attempt int6
 				return
 			case <-t.C:
 			}
-			err := d.store.ExtendLease(ctx, d.store.DB(), id.scope, id.operation, id.key, attempt,
-				d.store.Now().Add(d.cfg.Lease))
+			err := lease.Extend(ctx, d.rs.Lease)
 			switch {
 			case err == nil, ctx.Err() != nil:
 			case errors.Is(err, inbox.ErrLeaseLost), errors.Is(err, inbox.ErrNotFound):

@@ -29,18 +29,18 @@ func reserveStore(t *testing.T) (*inbox.Store, *testkit.Clock) {
 // newReserve returns a reserve-mode middleware over store with
 // test-friendly defaults: key from metadata "event_id", operation "charge",
 // a 5 ms poll.
-func newReserve(t *testing.T, store *inbox.Store, cfg dedup.Config) *dedup.Deduplicator {
+func newReserve(t *testing.T, store *inbox.Store, cfg dedup.Config, rs dedup.Reserve) *dedup.Deduplicator {
 	t.Helper()
-	cfg.Mode = dedup.ModeReserve
 	if cfg.Key == nil {
 		cfg.Key = dedup.KeyFromMetadata("event_id")
 	}
 	if cfg.Operation == "" {
 		cfg.Operation = "charge"
 	}
-	if cfg.InFlightPoll == 0 {
-		cfg.InFlightPoll = 5 * time.Millisecond
+	if rs.InFlightPoll == 0 {
+		rs.InFlightPoll = 5 * time.Millisecond
 	}
+	cfg.Mode = rs
 	d, err := dedup.New(store, cfg)
 	require.NoError(t, err)
 	return d
@@ -48,7 +48,7 @@ func newReserve(t *testing.T, store *inbox.Store, cfg dedup.Config) *dedup.Dedup
 
 func chargeRecord(t *testing.T, store *inbox.Store, key string) *inbox.Record {
 	t.Helper()
-	rec, err := store.Get(context.Background(), store.DB(), "", "charge", key)
+	rec, err := store.Get(context.Background(), store.DB(), inbox.ID{Operation: "charge", Key: key})
 	require.NoError(t, err)
 	return rec
 }
@@ -62,11 +62,11 @@ func holdLease(t *testing.T, store *inbox.Store, key, payload, owner string, lea
 	require.NoError(t, err)
 	h, err := fpf(obsMsg(key, payload))
 	require.NoError(t, err)
-	_, err = store.Claim(context.Background(), store.DB(), inbox.ClaimParams{
-		Operation: "charge", Key: key, PayloadHash: h, Status: inbox.StatusProcessing,
-		LeaseOwner: owner, LeaseUntil: store.Now().Add(lease),
+	res, err := store.Reserve(context.Background(), inbox.ReserveParams{
+		ID: inbox.ID{Operation: "charge", Key: key}, PayloadHash: h, Owner: owner, Lease: lease,
 	})
 	require.NoError(t, err)
+	require.NotNil(t, res.Lease, "reserved")
 	return chargeRecord(t, store, key)
 }
 
@@ -74,106 +74,104 @@ func TestReserveConfigRejectsInvalid(t *testing.T) {
 	t.Parallel()
 	store := unmigratedStore(t)
 	tests := []struct {
-		name   string
-		mutate func(*dedup.Config)
-		want   string
+		name string
+		mode dedup.Reserve
+		want string
 	}{
-		{name: "unknown Mode", mutate: func(c *dedup.Config) { c.Mode = dedup.Mode(7) }, want: "unknown Mode 7"},
-		{name: "negative Mode", mutate: func(c *dedup.Config) { c.Mode = dedup.Mode(-1) }, want: "unknown Mode -1"},
-		// HeartbeatInterval is set explicitly: its default derives from
-		// Lease (see TestReserveNegativeLeaseReportsItsOwnProblem).
-		{name: "negative Lease", mutate: func(c *dedup.Config) {
-			c.Lease, c.HeartbeatInterval = -time.Second, -1
-		}, want: "Lease -1s is negative"},
-		{name: "HeartbeatInterval equal to Lease", mutate: func(c *dedup.Config) {
-			c.Lease, c.HeartbeatInterval = time.Second, time.Second
-		}, want: "HeartbeatInterval 1s must be shorter than Lease 1s"},
-		{name: "HeartbeatInterval longer than Lease", mutate: func(c *dedup.Config) {
-			c.Lease, c.HeartbeatInterval = time.Second, time.Minute
-		}, want: "HeartbeatInterval 1m0s must be shorter than Lease 1s"},
-		{name: "HeartbeatInterval equal to the default Lease", mutate: func(c *dedup.Config) {
-			c.HeartbeatInterval = 30 * time.Second
-		}, want: "HeartbeatInterval 30s must be shorter than Lease 30s"},
-		{name: "HeartbeatInterval -2ns", mutate: func(c *dedup.Config) { c.HeartbeatInterval = -2 }, want: "HeartbeatInterval -2ns"},
-		{name: "HeartbeatInterval -1s", mutate: func(c *dedup.Config) { c.HeartbeatInterval = -time.Second }, want: "HeartbeatInterval -1s"},
-		{name: "InFlightWait -2ns", mutate: func(c *dedup.Config) { c.InFlightWait = -2 }, want: "InFlightWait -2ns is negative"},
-		{name: "InFlightWait -1s", mutate: func(c *dedup.Config) { c.InFlightWait = -time.Second }, want: "InFlightWait -1s is negative"},
-		{name: "negative InFlightPoll", mutate: func(c *dedup.Config) { c.InFlightPoll = -1 }, want: "InFlightPoll -1ns is negative"},
-		{name: "Owner of 256 bytes", mutate: func(c *dedup.Config) { c.Owner = strings.Repeat("o", 256) }, want: "Owner is longer than 255 bytes"},
+		// HeartbeatInterval is set explicitly in some: its default derives
+		// from Lease (see TestReserveNegativeLeaseReportsItsOwnProblem).
+		{name: "negative Lease", mode: dedup.Reserve{Lease: -time.Second, HeartbeatInterval: -1}, want: "Lease -1s is negative"},
+		{name: "HeartbeatInterval equal to Lease", mode: dedup.Reserve{Lease: time.Second, HeartbeatInterval: time.Second},
+			want: "HeartbeatInterval 1s must be shorter than Lease 1s"},
+		{name: "HeartbeatInterval longer than Lease", mode: dedup.Reserve{Lease: time.Second, HeartbeatInterval: time.Minute},
+			want: "HeartbeatInterval 1m0s must be shorter than Lease 1s"},
+		{name: "HeartbeatInterval equal to the default Lease", mode: dedup.Reserve{HeartbeatInterval: dedup.DefaultLease},
+			want: "HeartbeatInterval 30s must be shorter than Lease 30s"},
+		{name: "HeartbeatInterval -2ns", mode: dedup.Reserve{HeartbeatInterval: -2}, want: "HeartbeatInterval -2ns"},
+		{name: "HeartbeatInterval -1s", mode: dedup.Reserve{HeartbeatInterval: -time.Second}, want: "HeartbeatInterval -1s"},
+		{name: "InFlightWait -2ns", mode: dedup.Reserve{InFlightWait: -2}, want: "InFlightWait -2ns is negative"},
+		{name: "InFlightWait -1s", mode: dedup.Reserve{InFlightWait: -time.Second}, want: "InFlightWait -1s is negative"},
+		{name: "negative InFlightPoll", mode: dedup.Reserve{InFlightPoll: -1}, want: "InFlightPoll -1ns is negative"},
+		{name: "Owner of 256 bytes", mode: dedup.Reserve{Owner: strings.Repeat("o", 256)}, want: "Owner is 256 bytes, more than 255"},
+		{name: "Owner with a NUL byte", mode: dedup.Reserve{Owner: "worker\x00a"}, want: "Owner contains a NUL byte"},
+		{name: "Owner not UTF-8", mode: dedup.Reserve{Owner: "worker-\xff"}, want: "Owner is not valid UTF-8"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			cfg := dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "charge", Mode: dedup.ModeReserve}
-			tt.mutate(&cfg)
-			d, err := dedup.New(store, cfg)
-			require.Nil(t, d)
-			require.ErrorIs(t, err, dedup.ErrInvalidConfig)
-			require.Contains(t, err.Error(), tt.want)
-			require.Len(t, leafErrors(err), 1, "exactly one problem: %v", err)
-			require.False(t, dedup.IsPoison(err))
-			require.False(t, dedup.IsRetryable(err))
-		})
+		for _, byPointer := range []bool{false, true} {
+			name := tt.name
+			var mode dedup.Mode = tt.mode
+			if byPointer {
+				name += " by pointer"
+				mode = &tt.mode
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				cfg := dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "charge", Mode: mode}
+				d, err := dedup.New(store, cfg)
+				require.Nil(t, d)
+				require.ErrorIs(t, err, dedup.ErrInvalidConfig)
+				require.Contains(t, err.Error(), tt.want)
+				require.Len(t, leafErrors(err), 1, "exactly one problem: %v", err)
+				require.False(t, dedup.IsPoison(err))
+				require.False(t, dedup.IsRetryable(err))
+			})
+		}
 	}
 }
 
 // A negative Lease is reported; the HeartbeatInterval left at its default
-// must not add a second, derived complaint. Today the default (Lease/3) is
-// computed from the negative Lease and reported as well, so this test only
-// checks what holds either way.
+// adds no second, derived complaint: the default (Lease/3) is only
+// computed from a positive Lease.
 func TestReserveNegativeLeaseReportsItsOwnProblem(t *testing.T) {
 	t.Parallel()
 	_, err := dedup.New(unmigratedStore(t), dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "charge",
-		Mode: dedup.ModeReserve, Lease: -time.Second})
+		Mode: dedup.Reserve{Lease: -time.Second}})
 	require.ErrorIs(t, err, dedup.ErrInvalidConfig)
 	require.Contains(t, err.Error(), "Lease -1s is negative")
-	for _, leaf := range leafErrors(err) {
-		require.ErrorIs(t, leaf, dedup.ErrInvalidConfig)
-	}
+	require.Len(t, leafErrors(err), 1, "%v", err)
 }
 
 func TestReserveConfigReportsEveryProblemAtOnce(t *testing.T) {
 	t.Parallel()
 	_, err := dedup.New(unmigratedStore(t), dedup.Config{
-		Key: dedup.KeyFromMetadata("event_id"), Operation: "charge", Mode: dedup.Mode(9),
-		Lease: time.Second, HeartbeatInterval: 2 * time.Second, InFlightWait: -3, InFlightPoll: -time.Millisecond,
-		Owner: strings.Repeat("x", 300),
+		Key: dedup.KeyFromMetadata("event_id"), Operation: "charge", Retention: -2,
+		Mode: dedup.Reserve{Lease: time.Second, HeartbeatInterval: 2 * time.Second, InFlightWait: -3,
+			InFlightPoll: -time.Millisecond, Owner: strings.Repeat("x", 300)},
 	})
 	require.ErrorIs(t, err, dedup.ErrInvalidConfig)
-	want := []string{"unknown Mode 9", "HeartbeatInterval 2s", "InFlightWait -3ns", "InFlightPoll -1ms", "Owner is longer"}
+	want := []string{"Retention -2ns", "HeartbeatInterval 2s", "InFlightWait -3ns", "InFlightPoll -1ms", "Owner is 300 bytes"}
 	for _, w := range want {
 		require.Contains(t, err.Error(), w)
 	}
-	require.Len(t, leafErrors(err), len(want), "%v", err)
+	leaves := leafErrors(err)
+	require.Len(t, leaves, len(want), "%v", err)
+	for _, leaf := range leaves {
+		require.ErrorIs(t, leaf, dedup.ErrInvalidConfig, "every problem wraps ErrInvalidConfig: %v", leaf)
+	}
 }
 
 func TestReserveConfigAcceptsValid(t *testing.T) {
 	t.Parallel()
 	store := unmigratedStore(t)
-	for name, cfg := range map[string]dedup.Config{
+	for name, rs := range map[string]dedup.Reserve{
 		"defaults":                       {},
 		"heartbeat disabled":             {HeartbeatInterval: -1},
 		"heartbeat just below the lease": {Lease: time.Second, HeartbeatInterval: time.Second - 1},
 		"nack at once":                   {InFlightWait: -1},
 		"Owner of 255 bytes":             {Owner: strings.Repeat("o", 255)},
+		"Owner of 255 bytes of UTF-8":    {Owner: strings.Repeat("é", 127) + "o"},
 		"everything set": {Lease: time.Minute, HeartbeatInterval: 10 * time.Second, InFlightWait: time.Second,
 			InFlightPoll: time.Millisecond, Owner: "worker-1", AckPending: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			cfg.Key, cfg.Operation, cfg.Mode = dedup.KeyFromMetadata("event_id"), "charge", dedup.ModeReserve
-			d, err := dedup.New(store, cfg)
-			require.NoError(t, err)
-			require.NotNil(t, d)
+			for _, mode := range []dedup.Mode{rs, &rs} {
+				d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "charge", Mode: mode})
+				require.NoError(t, err)
+				require.NotNil(t, d)
+			}
 		})
 	}
-}
-
-func TestModeString(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "transactional", dedup.ModeTransactional.String())
-	require.Equal(t, "reserve", dedup.ModeReserve.String())
-	require.Equal(t, "Mode(7)", dedup.Mode(7).String())
 }
 
 // ownerOf runs one delivery through d and returns the lease owner the
@@ -192,13 +190,13 @@ func ownerOf(t *testing.T, store *inbox.Store, d *dedup.Deduplicator, key string
 func TestReserveDefaultOwner(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	a := ownerOf(t, store, newReserve(t, store, dedup.Config{}), "k1")
-	b := ownerOf(t, store, newReserve(t, store, dedup.Config{}), "k2")
+	a := ownerOf(t, store, newReserve(t, store, dedup.Config{}, dedup.Reserve{}), "k1")
+	b := ownerOf(t, store, newReserve(t, store, dedup.Config{}, dedup.Reserve{}), "k2")
 	require.NotEmpty(t, a)
 	require.NotEmpty(t, b)
 	require.NotEqual(t, a, b, "every Deduplicator has an owner of its own")
 	require.LessOrEqual(t, len(a), 255)
-	require.Equal(t, "worker-7", ownerOf(t, store, newReserve(t, store, dedup.Config{Owner: "worker-7"}), "k3"))
+	require.Equal(t, "worker-7", ownerOf(t, store, newReserve(t, store, dedup.Config{}, dedup.Reserve{Owner: "worker-7"}), "k3"))
 }
 
 func TestPermanentAndUncertainOfNil(t *testing.T) {
@@ -225,7 +223,7 @@ func TestPermanentAndUncertainOfNil(t *testing.T) {
 func TestReserveUncertainIsPendingRetryableAndNotPoison(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	d := newReserve(t, store, dedup.Config{InFlightWait: -1})
+	d := newReserve(t, store, dedup.Config{}, dedup.Reserve{InFlightWait: -1})
 	timeout := errors.New("provider timed out")
 	_, err := d.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("ignored", nil)}, dedup.Uncertain(timeout, "ch_1")
@@ -250,7 +248,7 @@ func TestReserveUncertainIsPendingRetryableAndNotPoison(t *testing.T) {
 func TestReservePermanentIsPoison(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	d := newReserve(t, store, dedup.Config{})
+	d := newReserve(t, store, dedup.Config{}, dedup.Reserve{})
 	declined := errors.New("card declined")
 	_, err := d.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return nil, dedup.Permanent(declined)
@@ -270,7 +268,7 @@ func TestReservePermanentIsPoison(t *testing.T) {
 func TestReserveOutputIsStoredAndHandedBackToDuplicates(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	d := newReserve(t, store, dedup.Config{})
+	d := newReserve(t, store, dedup.Config{}, dedup.Reserve{})
 	var calls int
 	h := d.Middleware(func(*message.Message) ([]*message.Message, error) {
 		calls++
@@ -305,7 +303,7 @@ func TestReserveNilOutputMessageStillRecordsCompletion(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
 	logger := testkit.NewLogger()
-	d := newReserve(t, store, dedup.Config{Logger: logger})
+	d := newReserve(t, store, dedup.Config{Logger: logger}, dedup.Reserve{})
 	var calls int
 	h := d.Middleware(func(*message.Message) ([]*message.Message, error) {
 		calls++
@@ -338,7 +336,7 @@ func TestReserveNilOutputMessageStillRecordsCompletion(t *testing.T) {
 func TestReserveStats(t *testing.T) {
 	t.Parallel()
 	store, clk := reserveStore(t)
-	d := newReserve(t, store, dedup.Config{Lease: time.Minute, InFlightWait: -1})
+	d := newReserve(t, store, dedup.Config{}, dedup.Reserve{Lease: time.Minute, InFlightWait: -1})
 	boom := errors.New("503")
 	var calls atomic.Int64
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -394,7 +392,7 @@ func TestReserveStats(t *testing.T) {
 func TestReserveWaitsForAnInFlightDelivery(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	first := newReserve(t, store, dedup.Config{})
+	first := newReserve(t, store, dedup.Config{}, dedup.Reserve{})
 	started, release := make(chan struct{}), make(chan struct{})
 	firstDone := make(chan error, 1)
 	go func() {
@@ -413,12 +411,14 @@ func TestReserveWaitsForAnInFlightDelivery(t *testing.T) {
 		return nil, nil
 	}
 	// Without waiting, the second delivery nacks at once.
-	impatient := newReserve(t, store, dedup.Config{InFlightWait: -1})
+	impatient := newReserve(t, store, dedup.Config{}, dedup.Reserve{InFlightWait: -1})
 	_, err := impatient.Middleware(h)(obsMsg("pay-1", `{}`))
 	require.ErrorIs(t, err, dedup.ErrInFlight)
 
 	// With InFlightWait it waits for the first to finish and is a duplicate.
-	patient := newReserve(t, store, dedup.Config{InFlightWait: 200 * time.Millisecond})
+	// Its wait is far longer than the first handler runs, however slow the
+	// machine: the outcome does not hang on a race between the two.
+	patient := newReserve(t, store, dedup.Config{}, dedup.Reserve{InFlightWait: time.Minute})
 	type result struct {
 		out []*message.Message
 		err error
@@ -428,7 +428,7 @@ func TestReserveWaitsForAnInFlightDelivery(t *testing.T) {
 		out, err := patient.Middleware(h)(obsMsg("pay-1", `{}`))
 		second <- result{out, err}
 	}()
-	time.Sleep(50 * time.Millisecond) // the first handler runs ~50 ms
+	time.Sleep(50 * time.Millisecond) // let the second start waiting; the first handler runs until released
 	close(release)
 	require.NoError(t, <-firstDone)
 	res := <-second
@@ -443,11 +443,12 @@ func TestReserveWaitsForAnInFlightDelivery(t *testing.T) {
 func TestReserveWaitingDeliveryHonoursItsContext(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	d := newReserve(t, store, dedup.Config{InFlightWait: time.Hour})
+	d := newReserve(t, store, dedup.Config{}, dedup.Reserve{InFlightWait: time.Hour})
 	held := holdLease(t, store, "held", `{}`, "other", time.Hour)
-	_, err := store.Claim(context.Background(), store.DB(), inbox.ClaimParams{Operation: "charge", Key: "pending",
-		PayloadHash: held.PayloadHash, Status: inbox.StatusPending})
+	res, err := store.Reserve(context.Background(), inbox.ReserveParams{ID: inbox.ID{Operation: "charge", Key: "pending"},
+		PayloadHash: held.PayloadHash, Owner: "other", Lease: time.Hour})
 	require.NoError(t, err)
+	require.NoError(t, res.Lease.Pend(context.Background(), "", "timeout"))
 
 	var ran atomic.Int64
 	h := d.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -487,7 +488,7 @@ func TestReserveWaitingDeliveryHonoursItsContext(t *testing.T) {
 	require.Zero(t, ran.Load(), "the handler never ran")
 	require.Equal(t, held, chargeRecord(t, store, "held"), "the held record is untouched")
 	require.Equal(t, inbox.StatusPending, chargeRecord(t, store, "pending").Status)
-	_, err = store.Get(context.Background(), store.DB(), "", "charge", "fresh")
+	_, err = store.Get(context.Background(), store.DB(), inbox.ID{Operation: "charge", Key: "fresh"})
 	require.ErrorIs(t, err, inbox.ErrNotFound)
 	require.Equal(t, dedup.Stats{Retries: 3}, d.Stats())
 }
@@ -496,7 +497,7 @@ func TestReserveNeverLogsAtErrorLevel(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
 	logger := testkit.NewLogger()
-	d := newReserve(t, store, dedup.Config{Logger: logger, InFlightWait: -1})
+	d := newReserve(t, store, dedup.Config{Logger: logger}, dedup.Reserve{InFlightWait: -1})
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		switch msg.Metadata.Get("event_id") {
 		case "uncertain":
@@ -542,7 +543,7 @@ func TestReserveLostLeaseIsLoggedAtInfo(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
 	logger := testkit.NewLogger()
-	d := newReserve(t, store, dedup.Config{Logger: logger, Lease: time.Minute, HeartbeatInterval: 5 * time.Millisecond})
+	d := newReserve(t, store, dedup.Config{Logger: logger}, dedup.Reserve{Lease: time.Minute, HeartbeatInterval: 5 * time.Millisecond})
 	var cause error
 	_, err := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		// Another worker takes the intent over behind this one's back.
@@ -582,7 +583,7 @@ func TestReserveLostLeaseIsLoggedAtInfo(t *testing.T) {
 func TestReserveClaimInContext(t *testing.T) {
 	t.Parallel()
 	store, _ := reserveStore(t)
-	d := newReserve(t, store, dedup.Config{})
+	d := newReserve(t, store, dedup.Config{}, dedup.Reserve{})
 	var (
 		claim dedup.Claim
 		ok    bool
@@ -602,7 +603,8 @@ func TestReserveClaimInContext(t *testing.T) {
 	require.Equal(t, "pay-1", claim.Key)
 	require.EqualValues(t, 1, claim.Attempt)
 	require.Len(t, claim.IdempotencyKey, 64)
-	require.Equal(t, dedup.IdempotencyKeyOf(chargeRecord(t, store, "pay-1")), claim.IdempotencyKey)
+	require.Equal(t, chargeRecord(t, store, "pay-1").IdempotencyKey(), claim.IdempotencyKey)
+	require.Equal(t, inbox.ID{Operation: "charge", Key: "pay-1"}, claim.ID)
 	_, ok = dedup.ClaimFromContext(msg.Context())
 	require.False(t, ok, "the message's context is restored after the handler")
 }
@@ -612,7 +614,7 @@ func TestReserveClaimInContext(t *testing.T) {
 func TestReserveHeartbeatLeavesNoGoroutine(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	store, db := testkit.SQLiteStore(t, inbox.Config{})
-	d := newReserve(t, store, dedup.Config{Lease: 50 * time.Millisecond, HeartbeatInterval: 5 * time.Millisecond,
+	d := newReserve(t, store, dedup.Config{}, dedup.Reserve{Lease: 50 * time.Millisecond, HeartbeatInterval: 5 * time.Millisecond,
 		InFlightWait: -1})
 
 	boom := errors.New("boom")

@@ -19,8 +19,8 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 	[]*message.Message, Outcome, error,
 ) {
 	ctx := msg.Context()
-	if d.cfg.JoinTx != nil {
-		if tx, ok := d.cfg.JoinTx(ctx); ok {
+	if d.tx.JoinTx != nil {
+		if tx, ok := d.tx.JoinTx(ctx); ok {
 			return d.joined(ctx, tx, msg, h, id)
 		}
 	}
@@ -35,7 +35,7 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 		if err == nil {
 			d.dups.observe(outcome == OutcomeDuplicate)
 		}
-		if err != nil && !ran && inbox.IsRetryable(err) && attempt < d.cfg.ClaimAttempts && ctx.Err() == nil {
+		if err != nil && !ran && inbox.IsRetryable(err) && attempt < d.tx.ClaimAttempts && ctx.Err() == nil {
 			continue
 		}
 		var pe *PermanentError
@@ -51,7 +51,7 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message.HandlerFunc, id identity) (
 	out []*message.Message, outcome Outcome, ran bool, err error,
 ) {
-	tx, err := d.store.BeginTx(ctx, d.cfg.TxOptions)
+	tx, err := d.store.BeginTx(ctx, d.tx.TxOptions)
 	if err != nil {
 		return nil, OutcomeRetry, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
 	}
@@ -81,15 +81,13 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 ) {
 	start := time.Now()
 	res, err := d.store.Claim(ctx, q, inbox.ClaimParams{
-		Scope:         id.scope,
-		Operation:     id.operation,
-		Key:           id.key,
+		ID:            id.ID,
 		PayloadHash:   id.hash,
 		Status:        inbox.StatusCompleted,
 		CorrelationID: correlationID(msg),
-		ExpiresAt:     d.expiresAt(),
+		Retention:     d.retention(),
 	})
-	d.metrics.observeClaim(id.operation, time.Since(start))
+	d.metrics.observeClaim(id.Operation, time.Since(start))
 	switch {
 	case errors.Is(err, ErrPayloadConflict):
 		return nil, OutcomeConflict, false, err
@@ -112,11 +110,7 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 		if err != nil {
 			return nil, OutcomeRetry, true, err
 		}
-		err = d.store.Finish(ctx, q, inbox.FinishParams{
-			Scope: id.scope, Operation: id.operation, Key: id.key, Attempt: res.Record.Attempt,
-			From: inbox.StatusCompleted, To: inbox.StatusCompleted, Result: enc,
-		})
-		if err != nil {
+		if err := d.store.SaveOutput(ctx, q, res.Record, enc); err != nil {
 			return nil, OutcomeRetry, true, fmt.Errorf("dedup: store output: %w", err)
 		}
 	}
@@ -127,7 +121,7 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 // transaction rolled back, so that later deliveries are acked without
 // running the handler. If recording fails the delivery is only retried.
 func (d *Deduplicator) recordPermanent(ctx context.Context, msg *message.Message, id identity, pe *PermanentError) Outcome {
-	_, err := d.store.Claim(context.WithoutCancel(ctx), d.store.DB(), permanentClaim(msg, id, pe, d.expiresAt()))
+	_, err := d.store.Claim(context.WithoutCancel(ctx), d.store.DB(), d.permanentClaim(msg, id, pe))
 	if err != nil {
 		d.cfg.Logger.Info("inboxmill: could not record a permanent failure; the message will be retried",
 			d.logFields(msg, id, OutcomeRetry, err))
@@ -147,7 +141,7 @@ func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, e
 			// not turn every redelivery into a failure. Ack, replay nothing.
 			d.cfg.Logger.Info("inboxmill: stored result is not replayable output; acking the duplicate without it",
 				watermill.LogFields{"operation": rec.Operation, "scope": rec.Scope,
-					"key_digest": inbox.KeyDigest(rec.Scope, rec.Operation, rec.Key), "error": err.Error()})
+					"key_digest": rec.Digest(), "error": err.Error()})
 			return nil, OutcomeDuplicate, nil
 		}
 		return out, OutcomeDuplicate, nil
@@ -162,10 +156,9 @@ func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, e
 	}
 }
 
-func permanentClaim(msg *message.Message, id identity, pe *PermanentError, expires time.Time) inbox.ClaimParams {
+func (d *Deduplicator) permanentClaim(msg *message.Message, id identity, pe *PermanentError) inbox.ClaimParams {
 	return inbox.ClaimParams{
-		Scope: id.scope, Operation: id.operation, Key: id.key, PayloadHash: id.hash,
-		Status: inbox.StatusFailed, Error: errorText(pe.Err), CorrelationID: correlationID(msg),
-		ExpiresAt: expires,
+		ID: id.ID, PayloadHash: id.hash, Status: inbox.StatusFailed, Error: errorText(pe.Err),
+		CorrelationID: correlationID(msg), Retention: d.retention(),
 	}
 }

@@ -6,82 +6,49 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 )
 
 // ClaimParams are the inputs of [Store.Claim].
 type ClaimParams struct {
-	// Scope is the tenant or security scope. May be empty (one global scope).
-	Scope string
-	// Operation names what is done with the key, e.g. the handler's name.
-	// Required.
-	Operation string
-	// Key identifies the business intent, e.g. the event's ID. Required.
-	Key string
-	// PayloadHash is the payload's fingerprint. Required.
+	// ID is the intent's identity. Operation and Key are required.
+	ID ID
+	// PayloadHash is the payload's fingerprint, 1 to MaxPayloadHashLen
+	// bytes. Required.
 	PayloadHash []byte
-	// Status is the state the record is inserted with. Defaults to
-	// StatusProcessing. Transactional callers insert StatusCompleted
-	// directly: nobody can see the row before their transaction commits, and
-	// a rollback removes it, so an intermediate state would never be read.
+	// Status is the state the record is inserted with: StatusCompleted
+	// (the default) or StatusFailed. Nobody can see the row before the
+	// claim's transaction commits, and a rollback removes it, so the claim
+	// inserts the outcome the transaction will have if it commits. Leases
+	// (StatusProcessing) come from [Store.Reserve].
 	Status Status
-	// LeaseOwner and LeaseUntil describe the claimer's lease, if any.
-	LeaseOwner string
-	LeaseUntil time.Time
-	// CorrelationID links the record to logs and traces. Optional.
+	// CorrelationID links the record to logs and traces. Optional; a value
+	// that is not storable text of at most MaxCorrelationIDLen bytes is
+	// dropped, never a reason to refuse the claim.
 	CorrelationID string
-	// Error is stored with the record; useful when inserting StatusFailed
-	// directly. Optional.
+	// Error is stored with a StatusFailed record. Optional.
 	Error string
-	// ExpiresAt is when the record may be purged. Zero keeps it forever.
-	ExpiresAt time.Time
+	// Retention is how long the record outlives its claim before a purge
+	// may delete it. 0 keeps it forever.
+	Retention time.Duration
 }
 
-func (p ClaimParams) validate() error {
-	var errs []error
-	if err := ValidateIdentity(p.Scope, p.Operation, p.Key); err != nil {
-		errs = append(errs, err)
+// MaxCorrelationIDLen bounds the correlation ID stored with a record.
+const MaxCorrelationIDLen = 255
+
+func checkHash(h []byte) error {
+	if len(h) == 0 || len(h) > MaxPayloadHashLen {
+		return fmt.Errorf("inbox: payload hash must be 1 to %d bytes, got %d", MaxPayloadHashLen, len(h))
 	}
-	if len(p.PayloadHash) == 0 || len(p.PayloadHash) > 64 {
-		errs = append(errs, fmt.Errorf("inbox: payload hash must be 1 to 64 bytes, got %d", len(p.PayloadHash)))
-	}
-	if !p.Status.Valid() {
-		errs = append(errs, fmt.Errorf("inbox: unknown status %q", p.Status))
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
-// ValidateIdentity checks a record's identifying columns against the limits
-// every dialect shares: valid UTF-8 without NUL bytes, within MaxScopeLen,
-// MaxOperationLen and MaxKeyLen, and a non-empty operation and key. Errors
-// wrap [ErrInvalidKey].
-func ValidateIdentity(scope, operation, key string) error {
-	var errs []error
-	check := func(name, v string, max int, required bool) {
-		switch {
-		case required && v == "":
-			errs = append(errs, fmt.Errorf("%w: %s is empty", ErrInvalidKey, name))
-		case len(v) > max:
-			errs = append(errs, fmt.Errorf("%w: %s is %d bytes, more than %d", ErrInvalidKey, name, len(v), max))
-		case !utf8.ValidString(v):
-			errs = append(errs, fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidKey, name))
-		case containsNUL(v):
-			errs = append(errs, fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidKey, name))
-		}
+// storableCorrelationID keeps an optional correlation ID only when every
+// dialect stores it unchanged.
+func storableCorrelationID(v string) string {
+	if CheckText(v, MaxCorrelationIDLen) != nil {
+		return ""
 	}
-	check("scope", scope, MaxScopeLen, false)
-	check("operation", operation, MaxOperationLen, true)
-	check("key", key, MaxKeyLen, true)
-	return errors.Join(errs...)
-}
-
-func containsNUL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return true
-		}
-	}
-	return false
+	return v
 }
 
 // ClaimResult is the outcome of a successful [Store.Claim].
@@ -95,66 +62,105 @@ type ClaimResult struct {
 	Record *Record
 }
 
-// claimRetries bounds how often Claim re-inserts when the row that blocked
-// its insert is gone by the time it reads it (deleted by a purge, or rolled
+// claimRetries bounds how often an insert is tried again when the row that
+// blocked it is gone by the time it is read (deleted by a purge, or rolled
 // back under a driver that reported the conflict early).
 const claimRetries = 3
 
 // Claim inserts the record for p's key through q, or reads the record that
-// already holds it. q is normally a transaction: a concurrent Claim of the
-// same key then waits until that transaction ends and sees its outcome, so
-// exactly one caller gets Claimed = true.
+// already holds it: the transactional claim. q is normally a transaction
+// in which the caller then does the intent's work: a concurrent Claim of
+// the same key waits until that transaction ends and sees its outcome, so
+// exactly one caller gets Claimed = true, and a rollback forgets the
+// claim together with the work.
 //
 // An existing record with another payload fingerprint yields a
 // *ConflictError (errors.Is ErrPayloadConflict). Database errors worth a
 // retry satisfy [IsRetryable]; the transaction should then be rolled back.
 func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, error) {
 	if p.Status == "" {
-		p.Status = StatusProcessing
+		p.Status = StatusCompleted
 	}
-	if err := p.validate(); err != nil {
+	if p.Status != StatusCompleted && p.Status != StatusFailed {
+		return ClaimResult{}, fmt.Errorf("%w: a transactional claim inserts completed or failed, not %q (leases come from Reserve)",
+			ErrIllegalTransition, p.Status)
+	}
+	now := s.now()
+	return s.insert(ctx, q, "claim", p.ID, p.PayloadHash, &params{
+		status: p.Status, correlationID: p.CorrelationID, errS: p.Error, expiresAt: expiry(now, p.Retention),
+	}, now)
+}
+
+func expiry(now time.Time, retention time.Duration) time.Time {
+	if retention <= 0 {
+		return time.Time{}
+	}
+	return dbTime(now.Add(retention))
+}
+
+// insert runs the Insert statement, reading the existing record when the
+// key is taken. p carries the status, lease, correlation ID, error and
+// expiry; the identity, hash and times are filled here.
+func (s *Store) insert(ctx context.Context, q DBTX, what string, id ID, hash []byte, p *params, now time.Time) (ClaimResult, error) {
+	if err := errors.Join(id.Validate(), checkHash(hash)); err != nil {
 		return ClaimResult{}, err
 	}
-	now := s.now().UTC()
+	p.id, p.payloadHash = id, hash
+	p.correlationID = storableCorrelationID(p.correlationID)
+	p.createdAt, p.updatedAt = now, now
 	for range claimRetries {
-		res, err := s.execContext(ctx, q, s.q.Insert,
-			p.Scope, p.Operation, p.Key, p.PayloadHash, string(p.Status), p.LeaseOwner,
-			s.timeArg(p.LeaseUntil), p.CorrelationID, p.Error, s.timeArg(now), s.timeArg(now), s.timeArg(p.ExpiresAt))
+		res, err := s.exec(ctx, q, s.q.insert, p)
 		if err != nil {
-			return ClaimResult{}, fmt.Errorf("inbox: claim: %w", s.Classify(err))
+			return ClaimResult{}, fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
-			return ClaimResult{}, fmt.Errorf("inbox: claim: rows affected: %w", s.Classify(err))
+			return ClaimResult{}, fmt.Errorf("inbox: %s: rows affected: %w", what, s.Classify(err))
 		}
 		if n == 1 {
 			return ClaimResult{Claimed: true, Record: &Record{
-				Scope: p.Scope, Operation: p.Operation, Key: p.Key, PayloadHash: p.PayloadHash,
-				Status: p.Status, Attempt: 1, LeaseOwner: p.LeaseOwner, LeaseUntil: p.LeaseUntil,
-				CorrelationID: p.CorrelationID, Error: p.Error, CreatedAt: now, UpdatedAt: now, ExpiresAt: p.ExpiresAt,
+				ID: id, PayloadHash: hash, Status: p.status, Attempt: 1, LeaseOwner: p.leaseOwner,
+				LeaseUntil: p.leaseUntil, CorrelationID: p.correlationID, Error: p.errS,
+				CreatedAt: now, UpdatedAt: now, ExpiresAt: p.expiresAt,
 			}}, nil
 		}
-		rec, err := scanRecord(s.queryRowContext(ctx, q, s.q.SelectForClaim, p.Scope, p.Operation, p.Key))
+		rec, err := scanRecord(s.queryRow(ctx, q, s.q.selectForClaim, &params{id: id}))
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
 		if err != nil {
-			return ClaimResult{}, fmt.Errorf("inbox: claim: read existing record: %w", s.Classify(err))
+			return ClaimResult{}, fmt.Errorf("inbox: %s: read existing record: %w", what, s.Classify(err))
 		}
-		if !rec.SamePayload(p.PayloadHash) {
-			return ClaimResult{Record: rec}, &ConflictError{
-				Scope: p.Scope, Operation: p.Operation, KeyDigest: KeyDigest(p.Scope, p.Operation, p.Key), Existing: rec,
-			}
+		if !rec.SamePayload(hash) {
+			return ClaimResult{Record: rec}, &ConflictError{ID: id, Existing: rec}
 		}
 		return ClaimResult{Record: rec}, nil
 	}
-	return ClaimResult{}, fmt.Errorf("inbox: claim: the record holding the key vanished %d times in a row: %w",
-		claimRetries, ErrTransient)
+	return ClaimResult{}, fmt.Errorf("inbox: %s: the record holding the key vanished %d times in a row: %w",
+		what, claimRetries, ErrTransient)
+}
+
+// SaveOutput stores result with a record this caller's transaction q has
+// just claimed ([Store.Claim] with Claimed = true), before it commits:
+// what a duplicate replays. Claims insert no result, so only intents that
+// produce output pay for this second statement.
+func (s *Store) SaveOutput(ctx context.Context, q DBTX, rec *Record, result []byte) error {
+	if rec.Status != StatusCompleted {
+		return fmt.Errorf("%w: output is stored with a completed record, not a %s one", ErrIllegalTransition, rec.Status)
+	}
+	err := s.finish(ctx, q, "save output", rec.ID, &params{
+		attempt: rec.Attempt, fromStatus: StatusCompleted, status: StatusCompleted, result: result,
+		resourceID: rec.ResourceID, errS: rec.Error,
+	})
+	if err == nil {
+		rec.Result = result
+	}
+	return err
 }
 
 // Get reads one record through q, or returns [ErrNotFound].
-func (s *Store) Get(ctx context.Context, q DBTX, scope, operation, key string) (*Record, error) {
-	rec, err := scanRecord(s.queryRowContext(ctx, q, s.q.Select, scope, operation, key))
+func (s *Store) Get(ctx context.Context, q DBTX, id ID) (*Record, error) {
+	rec, err := scanRecord(s.queryRow(ctx, q, s.q.selectOne, &params{id: id}))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -167,8 +173,8 @@ func (s *Store) Get(ctx context.Context, q DBTX, scope, operation, key string) (
 // Delete removes one record through q. It reports [ErrNotFound] when there
 // was none. Deleting a record forgets the intent: a later delivery of the
 // same key runs again.
-func (s *Store) Delete(ctx context.Context, q DBTX, scope, operation, key string) error {
-	res, err := q.ExecContext(ctx, s.q.Delete, scope, operation, key)
+func (s *Store) Delete(ctx context.Context, q DBTX, id ID) error {
+	res, err := s.exec(ctx, q, s.q.del, &params{id: id})
 	if err != nil {
 		return fmt.Errorf("inbox: delete: %w", s.Classify(err))
 	}

@@ -3,18 +3,10 @@ package inbox
 import (
 	"database/sql/driver"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"syscall"
 )
-
-func transient(err error) error {
-	if errors.Is(err, ErrTransient) {
-		return err
-	}
-	return fmt.Errorf("%w: %w", ErrTransient, err)
-}
 
 // classifyConnErr recognises a lost connection whatever the driver, for
 // errors of the store's own calls only. After one, a COMMIT's outcome is
@@ -29,7 +21,7 @@ func classifyConnErr(err error) error {
 		errors.Is(err, syscall.ECONNREFUSED),
 		errors.Is(err, syscall.EPIPE),
 		errors.As(err, &oe):
-		return transient(err)
+		return Transient(err)
 	}
 	return err
 }

@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -14,6 +15,39 @@ type clockSync struct {
 	measured atomic.Bool
 	next     atomic.Int64 // local UnixNano of the next measurement
 	running  atomic.Bool  // a background measurement is in flight
+	tried    atomic.Int64 // UnixNano of the last syncBeforeLease
+
+	// The background measurement runs under ctx; Store.Close cancels it
+	// and waits for it through wg. closed keeps a Close'd store from
+	// starting another.
+	ctx    context.Context
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+}
+
+func (c *clockSync) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.stop()
+	c.wg.Wait()
+}
+
+// start runs f in the background unless the store was closed.
+func (c *clockSync) start(f func(ctx context.Context)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		c.running.Store(false)
+		return
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f(c.ctx)
+	}()
 }
 
 // clockSyncTimeout bounds one measurement.
@@ -23,6 +57,19 @@ const clockSyncTimeout = 5 * time.Second
 // earlier one.
 const maxClockRTT = 500 * time.Millisecond
 
+// precision is the resolution of the store's times: what every database
+// keeps of a timestamp (PostgreSQL's timestamptz, MySQL's DATETIME(6), the
+// SQLite schema's integer microseconds).
+const precision = time.Microsecond
+
+// dbTime cuts t to the microsecond. The store does so with every time it
+// computes or binds, because the drivers differ on what they do with the
+// nanoseconds (pq and MySQL's driver send them and the server rounds, pgx
+// and the SQLite dialect drop them): cut here, a time is stored exactly as
+// the store holds it, the record a write returns equals the one a read
+// finds, and a Go predicate compares what the SQL compares.
+func dbTime(t time.Time) time.Time { return t.Truncate(precision) }
+
 // now is Config.Now corrected by the last measured offset. When a
 // measurement is due it starts one in the background and goes on with the
 // offset it has: now is called with the caller's transaction open, and a
@@ -31,26 +78,26 @@ func (s *Store) now() time.Time {
 	t := s.clock()
 	c := &s.sync
 	if c.every <= 0 {
-		return t
+		return dbTime(t)
 	}
 	if t.UnixNano() >= c.next.Load() && c.running.CompareAndSwap(false, true) {
-		go func() {
+		c.start(func(ctx context.Context) {
 			defer c.running.Store(false)
-			ctx, cancel := context.WithTimeout(context.Background(), clockSyncTimeout)
+			ctx, cancel := context.WithTimeout(ctx, clockSyncTimeout)
 			defer cancel()
 			_ = s.SyncClock(ctx) // on failure the previous offset stays
-		}()
+		})
 	}
-	return t.Add(time.Duration(c.offset.Load()))
+	return dbTime(t.Add(time.Duration(c.offset.Load())))
 }
 
 // SyncClock measures the offset between Config.Now and the database
 // server's clock now, and corrects [Store.Now] by it from then on. The store
 // does this by itself in the background every Config.ClockSync, starting
-// at its first use; call SyncClock at start-up, before taking work, so
-// that not even the first lease is judged by an unsynchronized clock. It
-// does nothing (and returns nil) when clock sync is off or the dialect has
-// no Queries.Clock.
+// at its first use, and before its first lease ([Store.Reserve],
+// [Store.TakeOver]); call SyncClock at start-up to have it done before
+// taking work. It does nothing (and returns nil) when clock sync is off or
+// the dialect's clients share the database's clock.
 //
 // The offset is the server's time minus the local time halfway through the
 // query's round trip, so it is off by at most half of that round trip; a
@@ -71,7 +118,7 @@ func (s *Store) SyncClock(ctx context.Context) error {
 	defer conn.Close()
 	before := s.clock()
 	var micros int64
-	if err := conn.QueryRowContext(ctx, s.q.Clock).Scan(&micros); err != nil {
+	if err := conn.QueryRowContext(ctx, s.q.clock.SQL).Scan(&micros); err != nil {
 		retrySoon()
 		return fmt.Errorf("inbox: read the database's clock: %w", s.Classify(err))
 	}
@@ -94,4 +141,26 @@ func (s *Store) SyncClock(ctx context.Context) error {
 // measured yet.
 func (s *Store) ClockOffset() (time.Duration, bool) {
 	return time.Duration(s.sync.offset.Load()), s.sync.measured.Load()
+}
+
+// clockRetry spaces out the synchronous measurement before a lease while
+// none has succeeded: at most one a second, so a database that does not
+// answer the clock query is not asked on every reservation.
+const clockRetry = time.Second
+
+// syncBeforeLease measures the clock before the store's first lease, so
+// that not even that one is judged by an unsynchronized clock. A failure
+// leaves the local clock in use; the lease's own statement then reports a
+// database that is down.
+func (s *Store) syncBeforeLease(ctx context.Context) {
+	c := &s.sync
+	if c.every <= 0 || c.measured.Load() {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := c.tried.Load()
+	if now-last < int64(clockRetry) || !c.tried.CompareAndSwap(last, now) {
+		return
+	}
+	_ = s.SyncClock(ctx)
 }

@@ -1,157 +1,253 @@
 package inbox
 
 import (
-	"embed"
+	"fmt"
 	"io/fs"
-	"regexp"
 	"strings"
 	"time"
 )
 
-// Dialect produces the SQL of one database. It does no I/O: the [Store]
-// runs what it returns, so its output can be pinned by golden files and a
-// new database can be supported by writing a Dialect and passing the
-// conformance suite in package inbox/inboxtest.
+// Dialect is the SQL of one database. It does no I/O: the one [Store] type
+// runs what it returns, so its output can be pinned by golden files, and a
+// database can be supported out of tree by implementing Dialect against
+// this package's exported API and passing the conformance suite in package
+// inbox/inboxtest. The dialects shipped are packages of their own
+// (inbox/postgres, inbox/mysql, inbox/sqlite), so a program links only the
+// driver it uses.
 type Dialect interface {
-	// Name identifies the dialect, e.g. "postgres".
+	// Name identifies the dialect in logs and errors, e.g. "postgres".
 	Name() string
-	// Migrations holds the schema as NNN_name.up.sql / NNN_name.down.sql
-	// files written for a table called "inbox"; see [Store.Migrate].
+	// Capabilities tells the store what the database and its driver need.
+	Capabilities() Capabilities
+	// Migrations holds the schema as NNN_name.up.sql and NNN_name.down.sql
+	// files, with every occurrence of the table's name written as the
+	// marker {{table}} (see [RenderSQL]).
 	Migrations() fs.FS
-	// Queries returns every statement the store runs against table, an
-	// identifier already validated by [NewStore].
+	// Queries returns the statements for table, an identifier already
+	// validated by [NewStore].
 	Queries(table string) Queries
-	// Placeholder returns the n-th (1-based) bind parameter: "$1" or "?".
+	// Placeholder returns the n-th (1-based) bind parameter, "$1" or "?",
+	// for callers that write SQL of their own to run on any dialect (tests,
+	// tools); the store's own statements carry theirs.
 	Placeholder(n int) string
 	// TimeArg converts t into the value bound for a time column. Times are
 	// scanned back from time.Time, text or integer microseconds.
 	TimeArg(t time.Time) any
-	// Classify wraps err with [ErrTransient] when it is this database's
-	// error (its driver's error type and code) for something a retry of the
-	// transaction may get past — serialization failure, deadlock, lock
-	// timeout, busy database, server shutdown — and returns it unchanged
-	// otherwise. It looks only at driver errors, so it is safe on errors of
-	// the caller's own statements in the same transaction: an error of the
-	// caller's own making is never mistaken for a transient one.
+	// Classify looks at an error of a statement and returns it wrapped
+	// with [ErrTransient] when it is this database's error (its driver's
+	// error type and code) for something a retry of the transaction may
+	// get past — serialization failure, deadlock, lock timeout, busy
+	// database, server shutdown — or with [ErrPrepareRefused] when the
+	// server refused to prepare a statement; otherwise unchanged. It looks
+	// only at driver errors, so it is safe on errors of the caller's own
+	// statements in the same transaction: an error of the caller's own
+	// making is never mistaken for a transient one.
 	Classify(err error) error
 }
 
-// Queries are the statements of one dialect for one table. Bind parameters
-// come in the order each field's comment gives.
-type Queries struct {
-	// Insert adds a record unless its key exists, without failing and
-	// without aborting the transaction when it does: rows affected is 1 when
-	// inserted and 0 when the key was taken. A concurrent insert of the same
-	// key must block until the other transaction ends.
-	// Args: scope, operation, key, payload_hash, status, lease_owner,
-	// lease_until, correlation_id, error, created_at, updated_at, expires_at.
-	Insert string
-	// SelectForClaim reads a record after Insert found its key taken. It
-	// must see the latest committed row even in a transaction whose snapshot
-	// is older (MySQL needs a locking read for that).
-	// Args: scope, operation, key. Columns: as Select.
-	SelectForClaim string
-	// Select reads one record. Args: scope, operation, key. Columns: scope,
-	// operation, key, payload_hash, status, attempt, lease_owner,
-	// lease_until, result, resource_id, correlation_id, external_ref, error,
-	// created_at, updated_at, expires_at.
-	Select string
-	// Finish moves a record from one status to another, storing the outcome
-	// and dropping the lease, only while the attempt matches (fencing).
-	// Args: to_status, result, resource_id, external_ref (empty keeps the
-	// stored one), error, updated_at, expires_at (NULL keeps the stored
-	// one), scope, operation, key, attempt, from_status.
-	Finish string
-	// TakeOver gives a processing record whose lease expired (or was
-	// released) to a new owner as attempt+1, compare-and-set on the attempt.
-	// Args: lease_owner, lease_until, updated_at, scope, operation, key,
-	// attempt, now.
-	TakeOver string
-	// ExtendLease moves lease_until of a processing record while the
-	// attempt matches. Args: lease_until, updated_at, scope, operation, key,
-	// attempt.
-	ExtendLease string
-	// SelectPending lists pending records, oldest update first.
-	// Args: limit. Columns: as Select.
-	SelectPending string
-	// SelectStale lists processing records whose lease expired (or was
-	// released) and that were last updated before a time, oldest first.
-	// Args: now, updated_before, limit. Columns: as Select.
-	SelectStale string
-	// UnfinishedStats counts processing and pending records. Columns:
-	// status, count, oldest created_at. Args: none.
-	UnfinishedStats string
-	// OldestExpired returns the smallest expires_at of a finished record.
-	// Columns: expires_at (NULL when none). Args: none.
-	OldestExpired string
-	// Purge deletes up to limit completed or failed records whose
-	// expires_at is before a time, in one short statement. Args: before,
-	// limit.
-	Purge string
-	// Delete removes one record. Args: scope, operation, key.
-	Delete string
-	// Clock reads the database server's current time as microseconds since
-	// the Unix epoch (one BIGINT column), for [Config.ClockSync]. Empty
-	// where every client shares the database's clock (SQLite, in process).
-	// Args: none.
-	Clock string
-
+// Capabilities describe what a database and its driver need from the
+// store, so that the store branches on properties rather than on names.
+type Capabilities struct {
+	// PreferPrepare makes [PrepareAuto] prepare frequent statements once
+	// per connection: worth it where the driver otherwise prepares and
+	// closes a statement for every call (MySQL) or parses the SQL every
+	// time (SQLite).
+	PreferPrepare bool
 	// ZeroRowsAmbiguous is set where an UPDATE that matched a row but
 	// changed no value reports zero rows affected (MySQL without
-	// CLIENT_FOUND_ROWS); the store then reads the row back to tell a no-op
-	// from a fenced-off write.
+	// CLIENT_FOUND_ROWS); the store then reads the row back to tell a
+	// no-op from a fenced-off write.
 	ZeroRowsAmbiguous bool
-
-	// CreateMigrationsTable creates the table that records applied schema
-	// versions, if it does not exist.
-	CreateMigrationsTable string
-	// SelectMigrations lists applied versions. Columns: version.
-	SelectMigrations string
-	// SelectMigration counts one applied version. Args: version.
-	SelectMigration string
-	// InsertMigration records a version. Args: version, name, applied_at.
-	InsertMigration string
-	// LockMigrations, when not empty, runs on a dedicated connection before
-	// migrating and returns one row whose only column is 1 once a lock that
-	// excludes other migrating processes is held. Args: lock name.
-	LockMigrations string
-	// UnlockMigrations releases that lock. Args: lock name.
-	UnlockMigrations string
+	// SharedClock is set where every client runs on the database's own
+	// clock (SQLite, in process): the store never measures an offset.
+	SharedClock bool
+	// MigrationLock is set where migrating processes must exclude each
+	// other with Queries.LockMigrations (DDL that commits implicitly, or
+	// runs outside the migration's transaction).
+	MigrationLock bool
 }
 
-//go:embed migrations
-var migrationFiles embed.FS
+// Query is one statement with the parameters its placeholders bind, in
+// placeholder order. The store fills Args from the call's typed inputs, so
+// a dialect can order and repeat parameters as its SQL needs.
+type Query struct {
+	SQL  string
+	Args []Arg
+}
 
-func subFS(dir string) fs.FS {
-	sub, err := fs.Sub(migrationFiles, "migrations/"+dir)
+// Arg names a value the store can bind. Which args a query may use is
+// stated on each method of [Queries].
+type Arg int
+
+const (
+	ArgScope Arg = iota + 1
+	ArgOperation
+	ArgKey
+	ArgPayloadHash
+	// ArgStatus is the status a statement writes.
+	ArgStatus
+	// ArgFromStatus is the status a transition requires.
+	ArgFromStatus
+	ArgAttempt
+	ArgLeaseOwner
+	// ArgLeaseUntil is NULL for no lease.
+	ArgLeaseUntil
+	// ArgResult is NULL for none.
+	ArgResult
+	// ArgResourceID, ArgCorrelationID, ArgExternalRef and ArgError are ""
+	// for none; the dialect stores them as NULL.
+	ArgResourceID
+	ArgCorrelationID
+	ArgExternalRef
+	ArgError
+	ArgCreatedAt
+	ArgUpdatedAt
+	// ArgExpiresAt is NULL for never (in an insert) or for keep the stored
+	// one (in a transition).
+	ArgExpiresAt
+	// ArgNow is the store's current time, by the database's clock.
+	ArgNow
+	// ArgBefore is the bound of a time comparison (purge, stale scans).
+	ArgBefore
+	ArgLimit
+	ArgVersion
+	// ArgName is a migration's name.
+	ArgName
+	// ArgLockName names the lock that keeps migrating processes apart.
+	ArgLockName
+	argEnd
+)
+
+var argNames = [...]string{"", "scope", "operation", "key", "payload_hash", "status", "from_status", "attempt",
+	"lease_owner", "lease_until", "result", "resource_id", "correlation_id", "external_ref", "error",
+	"created_at", "updated_at", "expires_at", "now", "before", "limit", "version", "name", "lock_name"}
+
+func (a Arg) String() string {
+	if a > 0 && a < argEnd {
+		return argNames[a]
+	}
+	return fmt.Sprintf("Arg(%d)", int(a))
+}
+
+// Queries are the statements of one dialect for one table, one method
+// each, so that a dialect lacking a statement the store needs does not
+// compile. The columns a record query returns are [RecordColumns], in that
+// order.
+type Queries interface {
+	// Insert adds a record unless its key exists, without failing and
+	// without aborting the transaction when it does: rows affected is 1
+	// when inserted and 0 when the key was taken. A concurrent insert of
+	// the same key must block until the other transaction ends. attempt is
+	// 1. Args: the ID, payload hash, status, lease owner and until,
+	// correlation ID, error, created, updated and expires at.
+	Insert() Query
+	// SelectForClaim reads a record after Insert found its key taken. It
+	// must see the latest committed row even in a transaction whose
+	// snapshot is older (MySQL needs a locking read for that). Args: the ID.
+	SelectForClaim() Query
+	// Select reads one record. Args: the ID.
+	Select() Query
+	// Finish moves a record from ArgFromStatus to ArgStatus while its
+	// attempt is ArgAttempt (fencing), storing result, resource ID, error
+	// and updated at, keeping the stored external ref when ArgExternalRef
+	// is "" and the stored expiry when ArgExpiresAt is NULL, and dropping
+	// the lease.
+	Finish() Query
+	// TakeOver gives a processing record whose lease expired (lease_until
+	// NULL or before ArgNow) to a new owner as attempt+1, compare-and-set
+	// on ArgAttempt. Args: the ID, attempt, lease owner and until, updated
+	// at, now.
+	TakeOver() Query
+	// ExtendLease moves lease_until of a processing record while its
+	// attempt matches. Args: the ID, attempt, lease until, updated at.
+	ExtendLease() Query
+	// SelectPending lists pending records, least recently updated first.
+	// Args: limit.
+	SelectPending() Query
+	// SelectStale lists processing records whose lease expired by ArgNow
+	// and that were last updated before ArgBefore, oldest update first.
+	// Args: now, before, limit.
+	SelectStale() Query
+	// UnfinishedStats counts processing and pending records. Columns:
+	// status, count, oldest created_at.
+	UnfinishedStats() Query
+	// OldestExpired returns the smallest expires_at of a finished record
+	// (NULL when none).
+	OldestExpired() Query
+	// Purge deletes up to ArgLimit finished records whose expires_at is
+	// before ArgBefore, in one short statement that never waits long on a
+	// row a claim holds.
+	Purge() Query
+	// Delete removes one record. Args: the ID.
+	Delete() Query
+	// Clock reads the database server's current time as microseconds since
+	// the Unix epoch (one BIGINT column), for [Config.ClockSync].
+	Clock() Query
+	// Savepoint, ReleaseSavepoint and RollbackToSavepoint set, release and
+	// roll back to the savepoint [Store.WithSavepoint] puts around work in
+	// a caller's transaction.
+	Savepoint() Query
+	ReleaseSavepoint() Query
+	RollbackToSavepoint() Query
+
+	// CreateMigrationsTable creates "<table>_migrations", which records
+	// applied schema versions, if it does not exist.
+	CreateMigrationsTable() Query
+	// MigrationsTableExists returns one row whose only column counts the
+	// tables named "<table>_migrations" in the current schema (0 or 1).
+	MigrationsTableExists() Query
+	// SelectMigrations lists applied versions. Columns: version.
+	SelectMigrations() Query
+	// SelectMigration counts one applied version. Args: version.
+	SelectMigration() Query
+	// InsertMigration records a version. Args: version, name, now.
+	InsertMigration() Query
+	// DeleteMigration forgets a version. Args: version.
+	DeleteMigration() Query
+	// LockMigrations runs on a dedicated connection before migrating when
+	// Capabilities.MigrationLock is set, and returns one row whose only
+	// column is 1 once a lock excluding other migrating processes is held.
+	// Args: lock name.
+	LockMigrations() Query
+	// UnlockMigrations releases that lock. Args: lock name.
+	UnlockMigrations() Query
+}
+
+// RecordColumns is the select list of every query that returns records,
+// with the key column quoted by the dialect (key is reserved in MySQL).
+func RecordColumns(quotedKey string) string {
+	return `scope, operation, ` + quotedKey + `, payload_hash, status, attempt, lease_owner, lease_until,
+	result, resource_id, correlation_id, external_ref, error, created_at, updated_at, expires_at`
+}
+
+// Status lists for SQL text, so that every dialect writes the same sets.
+const (
+	FinishedStatuses   = `('completed', 'failed')`
+	UnfinishedStatuses = `('processing', 'pending')`
+)
+
+// TableMarker is what migration files and query templates write where the
+// table's name goes.
+const TableMarker = "{{table}}"
+
+// RenderSQL puts table in place of every [TableMarker] in sql. A marker
+// left unreplaced, or a stray "{{", is a mistake in the template and is
+// reported rather than sent to the database.
+func RenderSQL(sql, table string) (string, error) {
+	out := strings.ReplaceAll(sql, TableMarker, table)
+	if i := strings.Index(out, "{{"); i >= 0 {
+		end := min(i+24, len(out))
+		return "", fmt.Errorf("inbox: SQL template has an unknown marker near %q", out[i:end])
+	}
+	return out, nil
+}
+
+// MustRenderSQL is RenderSQL for templates written into a dialect's code,
+// where a bad marker is a programming error.
+func MustRenderSQL(sql, table string) string {
+	out, err := RenderSQL(sql, table)
 	if err != nil {
-		// The directory is embedded at build time; this cannot happen.
 		panic(err)
 	}
-	return sub
+	return out
 }
-
-// tableToken matches the identifier the migration files and query templates
-// are written for; the configured table name replaces it.
-var tableToken = regexp.MustCompile(`\binbox\b|\binbox_`)
-
-// renameTable rewrites SQL written for a table called "inbox" (and its
-// constraint and index names "inbox_...") for table.
-func renameTable(sql, table string) string {
-	if table == "inbox" {
-		return sql
-	}
-	return tableToken.ReplaceAllStringFunc(sql, func(m string) string {
-		return table + strings.TrimPrefix(m, "inbox")
-	})
-}
-
-// columns is the select list shared by every dialect, in Record order.
-const columns = `scope, operation, %KEY%, payload_hash, status, attempt, lease_owner, lease_until,
-	result, resource_id, correlation_id, external_ref, error, created_at, updated_at, expires_at`
-
-// statuses of records a purge may delete, and of unfinished ones.
-const (
-	finishedStatuses   = `('completed', 'failed')`
-	unfinishedStatuses = `('processing', 'pending')`
-)

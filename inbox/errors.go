@@ -1,8 +1,6 @@
 package inbox
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 )
@@ -32,7 +30,43 @@ var (
 	// timeouts, a busy SQLite database, a lost connection. The driver's own
 	// error stays in the chain.
 	ErrTransient = errors.New("inbox: transient database error")
+
+	// ErrPrepareRefused marks a database's refusal to prepare a statement
+	// (MySQL's max_prepared_stmt_count); the store then sends SQL text.
+	ErrPrepareRefused = errors.New("inbox: the database refused to prepare a statement")
+
+	// ErrIllegalTransition: the caller asked for a move the record's
+	// life-cycle does not have (completing a record through a handle it
+	// is not held by, extending the lease of a pending record, ...).
+	ErrIllegalTransition = errors.New("inbox: illegal record transition")
+
+	// ErrSchemaOutdated: the inbox table's schema is older than this code
+	// (migrations are missing), or the table does not exist. Run
+	// Store.Migrate.
+	ErrSchemaOutdated = errors.New("inbox: schema is older than the code; run the migrations")
+
+	// ErrSchemaNewer: the database has schema versions this code does not
+	// know; it was migrated by a newer release.
+	ErrSchemaNewer = errors.New("inbox: schema is newer than the code")
 )
+
+// Transient wraps err with [ErrTransient] (once). Dialects use it in
+// Classify.
+func Transient(err error) error {
+	if err == nil || errors.Is(err, ErrTransient) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrTransient, err)
+}
+
+// PrepareRefused wraps err with [ErrPrepareRefused]. Dialects use it in
+// Classify.
+func PrepareRefused(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrPrepareRefused, err)
+}
 
 // IsRetryable reports whether err is worth retrying from a clean start (a new
 // transaction, or a redelivery of the message).
@@ -42,29 +76,21 @@ func IsRetryable(err error) bool {
 
 // ConflictError carries the context of an [ErrPayloadConflict].
 type ConflictError struct {
-	Scope     string
-	Operation string
-	// KeyDigest identifies the key without revealing it (see [KeyDigest]).
-	KeyDigest string
+	// ID is the intent's identity. Error() prints only its digest.
+	ID ID
 	// Existing is the record that holds the key.
 	Existing *Record
 }
 
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("inbox: key %s of operation %q in scope %q was claimed with a different payload",
-		e.KeyDigest, e.Operation, e.Scope)
+		e.ID.Digest(), e.ID.Operation, e.ID.Scope)
 }
 
 // Unwrap makes errors.Is(err, ErrPayloadConflict) true.
 func (e *ConflictError) Unwrap() error { return ErrPayloadConflict }
 
-// KeyDigest returns a short, stable digest of a record's identity that is safe
-// to log: keys can carry customer data, digests cannot be read back.
-func KeyDigest(scope, operation, key string) string {
-	h := sha256.New()
-	for _, s := range []string{scope, operation, key} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
-	}
-	return hex.EncodeToString(h.Sum(nil)[:8])
-}
+// ErrTxAborted: a savepoint statement failed in the caller's transaction,
+// which means the database ended it; nothing more may be written through
+// it (see [Store.WithSavepoint]).
+var ErrTxAborted = errors.New("inbox: the transaction was aborted")

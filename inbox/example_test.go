@@ -8,37 +8,55 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	_ "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
 
-// Claiming directly, without the middleware: the first claim owns the
-// intent, the second is a duplicate, a third with another payload conflicts.
-func ExampleStore_Claim() {
-	dir, _ := os.MkdirTemp("", "inboxmill-example")
-	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite", inbox.SQLiteDSN(filepath.Join(dir, "example.db")))
-	defer db.Close()
-	ctx := context.Background()
-
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Table: "inbox"})
+// exampleStore opens a migrated store over a new SQLite file; done removes
+// it again.
+func exampleStore() (store *inbox.Store, done func()) {
+	dir, err := os.MkdirTemp("", "inboxmill-example")
 	if err != nil {
 		panic(err)
 	}
-	defer store.Close() // its prepared statements
-	if err := store.Migrate(ctx); err != nil {
+	db, err := sql.Open("sqlite", sqlite.DSN(filepath.Join(dir, "example.db")))
+	if err != nil {
 		panic(err)
 	}
+	store, err = inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Table: "inbox"})
+	if err != nil {
+		panic(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		panic(err)
+	}
+	return store, func() {
+		_ = store.Close() // its prepared statements
+		_ = db.Close()
+		_ = os.RemoveAll(dir)
+	}
+}
+
+// Claiming in the transaction that does the work: the first claim owns the
+// intent, the second is a duplicate, a third with another payload conflicts.
+func ExampleStore_Claim() {
+	store, done := exampleStore()
+	defer done()
+	ctx := context.Background()
 
 	claim := func(payload string) {
 		h := sha256.Sum256([]byte(payload))
 		tx, _ := store.BeginTx(ctx, nil)
 		defer tx.Rollback()
 		res, err := store.Claim(ctx, tx, inbox.ClaimParams{
-			Scope: "tenant-1", Operation: "create_order", Key: "order-intent-42", PayloadHash: h[:],
-			Status: inbox.StatusCompleted,
+			ID:          inbox.ID{Scope: "tenant-1", Operation: "create_order", Key: "order-intent-42"},
+			PayloadHash: h[:],
+			Retention:   30 * 24 * time.Hour,
 		})
 		switch {
 		case errors.Is(err, inbox.ErrPayloadConflict):
@@ -61,9 +79,91 @@ func ExampleStore_Claim() {
 	// conflict: the key was used for another payload
 }
 
+// Reserving an intent whose effect is outside the database (a payment
+// provider's API): the lease holds it while the call is made, and the
+// outcome is recorded through the lease. A redelivery meanwhile, or after,
+// finds the record instead of running the call again.
+func ExampleStore_Reserve() {
+	store, done := exampleStore()
+	defer done()
+	ctx := context.Background()
+	owner := inbox.NewOwnerID("payments")
+	charge := inbox.ID{Scope: "tenant-1", Operation: "charge", Key: "invoice-7"}
+	h := sha256.Sum256([]byte(`{"amount":1200}`))
+
+	res, err := store.Reserve(ctx, inbox.ReserveParams{ID: charge, PayloadHash: h[:], Owner: owner,
+		Lease: time.Minute, Retention: 30 * 24 * time.Hour})
+	if err != nil {
+		panic(err)
+	}
+	lease := res.Lease
+	fmt.Println("reserved: attempt", lease.Attempt(), res.Record.Status)
+	// Call the provider with charge.IdempotencyKey() here; then:
+	if err := lease.Complete(ctx, inbox.Outcome{ExternalRef: "ch_123"}); err != nil {
+		panic(err)
+	}
+
+	again, err := store.Reserve(ctx, inbox.ReserveParams{ID: charge, PayloadHash: h[:], Owner: owner, Lease: time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("redelivery: lease", again.Lease != nil, again.Record.Status, again.Record.ExternalRef)
+	fmt.Println("lease ended:", errors.Is(lease.Complete(ctx, inbox.Outcome{}), inbox.ErrIllegalTransition))
+	// Output:
+	// reserved: attempt 1 processing
+	// redelivery: lease false completed ch_123
+	// lease ended: true
+}
+
+// Checking the schema at start-up: a database that was never migrated (or
+// migrated by an older release) is reported before the first message
+// fails on a missing table.
+func ExampleStore_Validate() {
+	dir, _ := os.MkdirTemp("", "inboxmill-example")
+	defer os.RemoveAll(dir)
+	db, _ := sql.Open("sqlite", sqlite.DSN(filepath.Join(dir, "example.db")))
+	defer db.Close()
+	ctx := context.Background()
+	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Table: "inbox"})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+
+	err = store.Validate(ctx)
+	var se *inbox.SchemaError
+	fmt.Println("outdated:", errors.Is(err, inbox.ErrSchemaOutdated), errors.As(err, &se) && len(se.Missing) > 0)
+
+	if err := store.Migrate(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println("after Migrate:", store.Validate(ctx))
+	// Output:
+	// outdated: true true
+	// after Migrate: <nil>
+}
+
+// Tools that apply migrations themselves (goose, golang-migrate, atlas) get
+// the dialect's files rendered for the table.
+func ExampleStore_Migrations() {
+	store, err := inbox.NewStore(&sql.DB{}, postgres.Dialect(), inbox.Config{Table: "payments_inbox"})
+	if err != nil {
+		panic(err)
+	}
+	ms, err := store.Migrations()
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range ms {
+		fmt.Printf("%03d_%s\n", m.Version, m.Name)
+	}
+	// Output:
+	// 001_create_inbox
+}
+
 // Table names are checked before they reach any SQL.
 func ExampleNewStore_invalidTable() {
-	_, err := inbox.NewStore(&sql.DB{}, inbox.Postgres(), inbox.Config{Table: "inbox; DROP TABLE users"})
+	_, err := inbox.NewStore(&sql.DB{}, postgres.Dialect(), inbox.Config{Table: "inbox; DROP TABLE users"})
 	fmt.Println(errors.Is(err, inbox.ErrInvalidConfig))
 	// Output:
 	// true

@@ -3,105 +3,316 @@ package inbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
-// FinishParams are the inputs of [Store.Finish].
-type FinishParams struct {
-	Scope, Operation, Key string
-	// Attempt is the fencing token the caller holds (Record.Attempt).
-	Attempt int64
-	// From is the status the record must be in. Defaults to
-	// StatusProcessing.
-	From Status
-	// To is the new status.
-	To Status
-	// Result is the replayable outcome; nil stores NULL.
+// ReserveParams are the inputs of [Store.Reserve].
+type ReserveParams struct {
+	// ID is the intent's identity. Operation and Key are required.
+	ID ID
+	// PayloadHash is the payload's fingerprint. Required.
+	PayloadHash []byte
+	// Owner names the worker in lease_owner: text of at most MaxOwnerLen
+	// bytes. Required; see [NewOwnerID].
+	Owner string
+	// Lease is how long the reservation is exclusively the owner's before
+	// another worker may take it over. Required.
+	Lease time.Duration
+	// CorrelationID links the record to logs and traces. Optional; dropped
+	// when not storable.
+	CorrelationID string
+	// Retention is how long the record outlives its outcome before a purge
+	// may delete it. 0 keeps it forever.
+	Retention time.Duration
+}
+
+// ReserveResult is the outcome of a successful [Store.Reserve].
+type ReserveResult struct {
+	// Lease is the caller's hold on a record it just inserted; nil when
+	// the key was taken.
+	Lease *Lease
+	// Record is the inserted record, or the one that holds the key (same
+	// payload fingerprint). Decide by its status: completed and failed are
+	// final, pending waits for reconciliation, processing is held by a
+	// lease until Record.LeaseExpired, after which [Store.TakeOver] may
+	// take it.
+	Record *Record
+}
+
+// Reserve inserts a processing record for p's key under a lease, in a
+// statement of its own (no transaction is held across the work), or reads
+// the record that already holds the key. Of several concurrent Reserve
+// calls for one key exactly one gets a Lease. An existing record with
+// another payload fingerprint yields a *ConflictError.
+//
+// The first lease a store hands out waits for the database's clock to be
+// measured ([Store.SyncClock]), so that even it is judged by that clock.
+func (s *Store) Reserve(ctx context.Context, p ReserveParams) (ReserveResult, error) {
+	if err := checkLeaseParams(p.Owner, p.Lease); err != nil {
+		return ReserveResult{}, err
+	}
+	s.syncBeforeLease(ctx)
+	now := s.now()
+	res, err := s.insert(ctx, s.db, "reserve", p.ID, p.PayloadHash, &params{
+		status: StatusProcessing, leaseOwner: p.Owner, leaseUntil: dbTime(now.Add(p.Lease)),
+		correlationID: p.CorrelationID, expiresAt: expiry(now, p.Retention),
+	}, now)
+	if err != nil || !res.Claimed {
+		return ReserveResult{Record: res.Record}, err
+	}
+	return ReserveResult{Lease: s.newLease(res.Record, p.Retention), Record: res.Record}, nil
+}
+
+func checkLeaseParams(owner string, lease time.Duration) error {
+	var errs []error
+	if owner == "" {
+		errs = append(errs, errors.New("lease owner is empty"))
+	} else if err := CheckText(owner, MaxOwnerLen); err != nil {
+		errs = append(errs, fmt.Errorf("lease owner %w", err))
+	}
+	if lease <= 0 {
+		errs = append(errs, fmt.Errorf("lease %v is not positive", lease))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// TakeOverParams are the inputs of [Store.TakeOver].
+type TakeOverParams struct {
+	// Owner and Lease are the new lease, as in ReserveParams. Required.
+	Owner string
+	Lease time.Duration
+}
+
+// TakeOver gives rec, a processing record whose lease expired (or was
+// released), to the caller as attempt rec.Attempt+1. It is a
+// compare-and-set on the attempt rec shows: of several callers that read
+// the same record, exactly one gets the Lease; the others get
+// [ErrLeaseLost] and should read the record again. The previous holder is
+// fenced off: its handle's transitions now fail with ErrLeaseLost.
+//
+// A record that is not processing, or whose lease is live by the store's
+// clock ([Record.LeaseExpired]), is refused with [ErrIllegalTransition].
+func (s *Store) TakeOver(ctx context.Context, rec *Record, p TakeOverParams) (*Lease, error) {
+	if err := checkLeaseParams(p.Owner, p.Lease); err != nil {
+		return nil, err
+	}
+	s.syncBeforeLease(ctx)
+	now := s.now()
+	if !rec.LeaseExpired(now) {
+		return nil, fmt.Errorf("%w: take over a %s record whose lease runs until %v (now %v)",
+			ErrIllegalTransition, rec.Status, rec.LeaseUntil, now)
+	}
+	until := dbTime(now.Add(p.Lease))
+	res, err := s.exec(ctx, s.db, s.q.takeOver, &params{id: rec.ID, attempt: rec.Attempt,
+		leaseOwner: p.Owner, leaseUntil: until, updatedAt: now, now: now})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: take over: %w", s.Classify(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("inbox: take over: rows affected: %w", s.Classify(err))
+	}
+	// attempt changes, so even MySQL without CLIENT_FOUND_ROWS counts the row.
+	if n != 1 {
+		return nil, fmt.Errorf("inbox: take over attempt %d: %w", rec.Attempt, ErrLeaseLost)
+	}
+	taken := *rec
+	taken.Attempt, taken.LeaseOwner, taken.LeaseUntil, taken.UpdatedAt = rec.Attempt+1, p.Owner, until, now
+	return s.newLease(&taken, rec.Retention()), nil
+}
+
+// FencePending returns a handle on rec, a pending record, fenced by the
+// attempt and status rec shows: its transitions apply only while nobody
+// has moved the record since rec was read. It writes nothing. This is how
+// a reconciler (or an operator) settles an uncertain intent: Complete or
+// Fail once the outcome is known, Release when the effect did not happen
+// and the intent should run again, Pend to leave it pending (touched, so
+// that scans page past it).
+func (s *Store) FencePending(rec *Record) (*Lease, error) {
+	if rec.Status != StatusPending {
+		return nil, fmt.Errorf("%w: fence a %s record as pending", ErrIllegalTransition, rec.Status)
+	}
+	return s.newLease(rec, rec.Retention()), nil
+}
+
+// Lease is a caller's hold on a record at one attempt: the fencing token.
+// Every transition it makes applies only while the record is still at
+// that attempt and in the status the handle holds it in; otherwise it
+// changes nothing and returns [ErrLeaseLost]. A transition other than
+// Extend ends the handle: later calls return [ErrIllegalTransition].
+// A Lease is safe for concurrent use (a heartbeat may Extend while the
+// worker Completes).
+type Lease struct {
+	store     *Store
+	rec       Record // as held: attempt, status, owner, and the stored values a touch keeps
+	retention time.Duration
+
+	mu    sync.Mutex
+	until time.Time
+	ended bool
+}
+
+func (s *Store) newLease(rec *Record, retention time.Duration) *Lease {
+	return &Lease{store: s, rec: *rec, retention: retention, until: rec.LeaseUntil}
+}
+
+// ID is the intent the lease holds.
+func (l *Lease) ID() ID { return l.rec.ID }
+
+// Attempt is the fencing token the lease holds.
+func (l *Lease) Attempt() int64 { return l.rec.Attempt }
+
+// Owner is the lease owner ("" for a pending record's handle).
+func (l *Lease) Owner() string { return l.rec.LeaseOwner }
+
+// Until is when the lease runs out by the store's clock (zero for a
+// pending record's handle).
+func (l *Lease) Until() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.until
+}
+
+// Extend moves the lease to d from now, while the record is still this
+// handle's processing record.
+func (l *Lease) Extend(ctx context.Context, d time.Duration) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.check("extend", StatusProcessing); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return fmt.Errorf("%w: extend a lease by %v", ErrInvalidConfig, d)
+	}
+	s := l.store
+	now := s.now()
+	until := dbTime(now.Add(d))
+	p := &params{id: l.rec.ID, attempt: l.rec.Attempt, leaseUntil: until, updatedAt: now}
+	err := s.exec1(ctx, s.db, "extend lease", s.q.extendLease, p, func(rec *Record) bool {
+		return rec.Attempt == l.rec.Attempt && rec.Status == StatusProcessing
+	})
+	if err == nil {
+		l.until = until
+	}
+	return err
+}
+
+// Outcome is what [Lease.Complete] stores.
+type Outcome struct {
+	// Result is the replayable outcome (for the dedup middleware, the
+	// encoded output messages). Nil stores none.
 	Result []byte
 	// ResourceID names what the effect created. Optional.
 	ResourceID string
 	// ExternalRef is the provider's reference. Optional; empty keeps the
 	// stored one.
 	ExternalRef string
-	// Error describes a failure or an uncertainty. Optional.
-	Error string
-	// ExpiresAt, when not zero, replaces the record's expiry. Callers moving
-	// a record to completed or failed set it to now plus the retention, so
-	// that an intent that stayed pending or processing longer than its
-	// retention is not purged the moment it finishes (and then run again by
-	// the next redelivery).
-	ExpiresAt time.Time
 }
 
-// Finish moves the record from p.From to p.To with p's outcome and drops its
-// lease, provided the record is still at p.Attempt and in p.From. Otherwise
-// it changes nothing and returns [ErrLeaseLost] ([ErrNotFound] when there is
-// no record). Moving a record to StatusProcessing releases it: the next
-// delivery takes it over at once.
-func (s *Store) Finish(ctx context.Context, q DBTX, p FinishParams) error {
-	if p.From == "" {
-		p.From = StatusProcessing
-	}
-	if !p.From.Valid() || !p.To.Valid() {
-		return fmt.Errorf("inbox: finish: unknown status %q or %q", p.From, p.To)
-	}
-	return s.exec1(ctx, q, "finish", s.q.Finish, func(rec *Record) bool {
-		return rec.Attempt == p.Attempt && rec.Status == p.To && bytes.Equal(rec.Result, p.Result) &&
-			rec.ResourceID == p.ResourceID && rec.Error == p.Error
-	}, p.Scope, p.Operation, p.Key,
-		string(p.To), p.Result, p.ResourceID, p.ExternalRef, p.Error, s.timeArg(s.now()), s.timeArg(p.ExpiresAt),
-		p.Scope, p.Operation, p.Key, p.Attempt, string(p.From))
+// Complete records that the effect happened: the record becomes
+// completed, is kept for its retention from now, and redeliveries are
+// duplicates.
+func (l *Lease) Complete(ctx context.Context, o Outcome) error {
+	return l.transition(ctx, "complete", StatusCompleted, &params{
+		result: o.Result, resourceID: o.ResourceID, externalRef: o.ExternalRef,
+	}, true)
 }
 
-// TakeOverParams are the inputs of [Store.TakeOver].
-type TakeOverParams struct {
-	Scope, Operation, Key string
-	// Attempt is the attempt the caller saw; the take-over succeeds only if
-	// the record is still at it.
-	Attempt int64
-	// LeaseOwner and LeaseUntil are the new lease.
-	LeaseOwner string
-	LeaseUntil time.Time
+// Fail records that the intent failed for good: the record becomes failed
+// (terminal), is kept for its retention from now, and is never run again.
+func (l *Lease) Fail(ctx context.Context, reason string) error {
+	return l.transition(ctx, "fail", StatusFailed, &params{errS: reason}, true)
 }
 
-// TakeOver gives a processing record whose lease expired (or was released)
-// to the caller as attempt Attempt+1. It is a compare-and-set: of several
-// callers that saw the same attempt, exactly one gets (true, nil); the
-// others get (false, nil) and should read the record again. The previous
-// holder is fenced off: its Finish and ExtendLease now fail with
-// [ErrLeaseLost].
-func (s *Store) TakeOver(ctx context.Context, q DBTX, p TakeOverParams) (bool, error) {
-	now := s.now()
-	res, err := s.execContext(ctx, q, s.q.TakeOver, p.LeaseOwner, s.timeArg(p.LeaseUntil), s.timeArg(now),
-		p.Scope, p.Operation, p.Key, p.Attempt, s.timeArg(now))
-	if err != nil {
-		return false, fmt.Errorf("inbox: take over: %w", s.Classify(err))
+// Pend records that the effect's outcome is unknown (a timeout after the
+// request left): the record becomes pending, which nothing re-executes,
+// until a reconciler settles it. externalRef, when not empty, is the
+// provider's reference to look it up by. On a pending record's handle Pend
+// leaves it pending with its stored values and a new update time, so that
+// scans in update order page past it; reason, when not empty, replaces its
+// error.
+func (l *Lease) Pend(ctx context.Context, externalRef, reason string) error {
+	p := &params{externalRef: externalRef, errS: reason}
+	if l.rec.Status == StatusPending {
+		p.result, p.resourceID = l.rec.Result, l.rec.ResourceID
+		if reason == "" {
+			p.errS = l.rec.Error
+		}
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("inbox: take over: rows affected: %w", s.Classify(err))
-	}
-	// attempt changes, so even MySQL without CLIENT_FOUND_ROWS counts the row.
-	return n == 1, nil
+	return l.transition(ctx, "pend", StatusPending, p, false)
 }
 
-// ExtendLease moves the lease of a processing record to until, provided it
-// is still at attempt; otherwise [ErrLeaseLost] (or [ErrNotFound]).
-func (s *Store) ExtendLease(ctx context.Context, q DBTX, scope, operation, key string, attempt int64, until time.Time) error {
-	return s.exec1(ctx, q, "extend lease", s.q.ExtendLease, func(rec *Record) bool {
-		return rec.Attempt == attempt && rec.Status == StatusProcessing
-	}, scope, operation, key,
-		s.timeArg(until), s.timeArg(s.now()), scope, operation, key, attempt)
+// Release gives the intent up without an outcome: the record stays
+// processing with no lease, so the next delivery takes it over at once as
+// a new attempt and runs the work again. Use it when the effect certainly
+// did not happen. reason is stored as the record's error.
+func (l *Lease) Release(ctx context.Context, reason string) error {
+	return l.transition(ctx, "release", StatusProcessing, &params{errS: reason}, false)
+}
+
+func (l *Lease) transition(ctx context.Context, what string, to Status, p *params, renew bool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.check(what, l.rec.Status); err != nil {
+		return err
+	}
+	s := l.store
+	p.attempt, p.fromStatus, p.status = l.rec.Attempt, l.rec.Status, to
+	if renew {
+		p.expiresAt = expiry(s.now(), l.retention)
+	}
+	if err := s.finish(ctx, s.db, what, l.rec.ID, p); err != nil {
+		if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) {
+			l.ended = true
+		}
+		return err
+	}
+	l.ended = true
+	return nil
+}
+
+// check refuses a transition on an ended handle, or one that needs the
+// record in another status than the handle holds it in.
+func (l *Lease) check(what string, need Status) error {
+	switch {
+	case l.ended:
+		return fmt.Errorf("%w: %s through a lease that already ended", ErrIllegalTransition, what)
+	case l.rec.Status != need:
+		return fmt.Errorf("%w: %s a %s record", ErrIllegalTransition, what, l.rec.Status)
+	}
+	return nil
+}
+
+// finish runs the Finish statement for id with p (attempt, from, to and
+// the outcome filled in); updated_at is now.
+func (s *Store) finish(ctx context.Context, q DBTX, what string, id ID, p *params) error {
+	p.id, p.updatedAt = id, s.now()
+	return s.exec1(ctx, q, what, s.q.finish, p, func(rec *Record) bool {
+		// Matched but changed nothing: only possible when the status
+		// stays (a changed status is a changed row, counted even without
+		// CLIENT_FOUND_ROWS), and then every value the statement sets is
+		// in place, down to this call's updated_at. Anything else — a
+		// record another handle moved from this status to the one asked
+		// for, with the same outcome — is a write that did not happen.
+		return p.fromStatus == p.status && rec.Attempt == p.attempt && rec.Status == p.status &&
+			bytes.Equal(rec.Result, p.result) && rec.ResourceID == p.resourceID && rec.Error == p.errS &&
+			rec.UpdatedAt.Equal(p.updatedAt) && (p.expiresAt.IsZero() || rec.ExpiresAt.Equal(p.expiresAt)) &&
+			(p.externalRef == "" || rec.ExternalRef == p.externalRef) && rec.LeaseOwner == "" && rec.LeaseUntil.IsZero()
+	})
 }
 
 // exec1 runs an UPDATE that must change exactly one record. Zero rows means
 // fenced off or missing — or, where the dialect counts only changed rows
-// (MySQL without CLIENT_FOUND_ROWS), possibly matched with every value
+// (Capabilities.ZeroRowsAmbiguous), possibly matched with every value
 // already in place: there the record is read to tell which.
-func (s *Store) exec1(ctx context.Context, q DBTX, what, query string, applied func(*Record) bool,
-	scope, operation, key string, args ...any) error {
-	res, err := s.execContext(ctx, q, query, args...)
+func (s *Store) exec1(ctx context.Context, q DBTX, what string, st stmt, p *params, applied func(*Record) bool) error {
+	res, err := s.exec(ctx, q, st, p)
 	if err != nil {
 		return fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
 	}
@@ -112,90 +323,12 @@ func (s *Store) exec1(ctx context.Context, q DBTX, what, query string, applied f
 	if n == 1 {
 		return nil
 	}
-	rec, err := s.Get(ctx, q, scope, operation, key)
+	rec, err := s.Get(ctx, q, p.id)
 	if err != nil {
 		return fmt.Errorf("inbox: %s: %w", what, err)
 	}
-	if s.q.ZeroRowsAmbiguous && applied(rec) {
+	if s.caps.ZeroRowsAmbiguous && applied(rec) {
 		return nil
 	}
 	return fmt.Errorf("inbox: %s: record is %s at attempt %d: %w", what, rec.Status, rec.Attempt, ErrLeaseLost)
-}
-
-// ListPending returns up to limit pending records, least recently updated
-// first.
-func (s *Store) ListPending(ctx context.Context, q DBTX, limit int) ([]*Record, error) {
-	return s.list(ctx, q, "list pending", s.q.SelectPending, limit)
-}
-
-// ListStale returns up to limit processing records whose lease has expired
-// (or was released) and that nobody updated since updatedBefore: their
-// worker is gone and no redelivery took them over.
-func (s *Store) ListStale(ctx context.Context, q DBTX, updatedBefore time.Time, limit int) ([]*Record, error) {
-	return s.list(ctx, q, "list stale", s.q.SelectStale, s.timeArg(s.now()), s.timeArg(updatedBefore), limit)
-}
-
-func (s *Store) list(ctx context.Context, q DBTX, what, query string, args ...any) ([]*Record, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
-	}
-	defer rows.Close()
-	var out []*Record
-	for rows.Next() {
-		rec, err := scanRecord(rows)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: %s: %w", what, err)
-		}
-		out = append(out, rec)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
-	}
-	return out, nil
-}
-
-// Stats describes the unfinished part of the inbox.
-type Stats struct {
-	Processing int64
-	Pending    int64
-	// OldestPending is when the oldest pending record was first claimed;
-	// zero when none is pending.
-	OldestPending time.Time
-	// OldestExpired is the earliest expires_at of a finished record not yet
-	// purged; zero when none. now minus it is the purge lag.
-	OldestExpired time.Time
-}
-
-// Stats counts processing and pending records and reports the purge lag.
-func (s *Store) Stats(ctx context.Context) (Stats, error) {
-	var st Stats
-	rows, err := s.db.QueryContext(ctx, s.q.UnfinishedStats)
-	if err != nil {
-		return st, fmt.Errorf("inbox: stats: %w", s.Classify(err))
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			status string
-			n      int64
-			oldest time.Time
-		)
-		if err := rows.Scan(&status, &n, timeCol{&oldest}); err != nil {
-			return st, fmt.Errorf("inbox: stats: %w", err)
-		}
-		switch Status(status) {
-		case StatusProcessing:
-			st.Processing = n
-		case StatusPending:
-			st.Pending, st.OldestPending = n, oldest
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return st, fmt.Errorf("inbox: stats: %w", s.Classify(err))
-	}
-	if err := s.db.QueryRowContext(ctx, s.q.OldestExpired).Scan(timeCol{&st.OldestExpired}); err != nil {
-		return st, fmt.Errorf("inbox: stats: %w", s.Classify(err))
-	}
-	return st, nil
 }

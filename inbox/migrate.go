@@ -12,104 +12,189 @@ import (
 	"strings"
 )
 
-// Migration is one schema version of a dialect.
+// Migration is one schema version of a dialect, rendered for the store's
+// table name.
 type Migration struct {
 	Version int
 	Name    string
-	// Up is the SQL, rewritten for the store's table name.
-	Up string
+	// Up applies the version; Down undoes it.
+	Up, Down string
 }
 
-// Migrations returns the store dialect's up migrations in version order,
-// rewritten for the store's table name.
+// Migrations returns the store dialect's migrations in version order,
+// rendered for the store's table name: what [Store.Migrate] applies, for
+// tools that keep migrations of their own.
 func (s *Store) Migrations() ([]Migration, error) {
-	return loadMigrations(s.dialect.Migrations(), s.table)
+	return LoadMigrations(s.dialect.Migrations(), s.table)
 }
 
-func loadMigrations(fsys fs.FS, table string) ([]Migration, error) {
-	names, err := fs.Glob(fsys, "*.up.sql")
+// LoadMigrations reads NNN_name.up.sql and NNN_name.down.sql files from
+// fsys in version order, rendered for table ([RenderSQL]). Every version
+// needs both files.
+func LoadMigrations(fsys fs.FS, table string) ([]Migration, error) {
+	names, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
 		return nil, err
 	}
-	var ms []Migration
-	seen := map[int]string{}
+	byVersion := map[int]*Migration{}
 	for _, name := range names {
-		base := strings.TrimSuffix(path.Base(name), ".up.sql")
+		base := path.Base(name)
+		var dir string
+		switch {
+		case strings.HasSuffix(base, ".up.sql"):
+			dir, base = "up", strings.TrimSuffix(base, ".up.sql")
+		case strings.HasSuffix(base, ".down.sql"):
+			dir, base = "down", strings.TrimSuffix(base, ".down.sql")
+		default:
+			return nil, fmt.Errorf("inbox: migration file %q is not named NNN_name.up.sql or NNN_name.down.sql", name)
+		}
 		num, label, ok := strings.Cut(base, "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("inbox: migration file %q is not named NNN_name.up.sql", name)
+			return nil, fmt.Errorf("inbox: migration file %q is not named NNN_name.%s.sql", name, dir)
 		}
-		if prev, dup := seen[v]; dup {
-			return nil, fmt.Errorf("inbox: migrations %q and %q share version %d", prev, name, v)
-		}
-		seen[v] = name
 		body, err := fs.ReadFile(fsys, name)
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, Migration{Version: v, Name: label, Up: renameTable(string(body), table)})
+		text, err := RenderSQL(string(body), table)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: migration file %q: %w", name, err)
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &Migration{Version: v, Name: label}
+			byVersion[v] = m
+		} else if m.Name != label {
+			return nil, fmt.Errorf("inbox: migration version %d has two names, %q and %q", v, m.Name, label)
+		}
+		target := &m.Up
+		if dir == "down" {
+			target = &m.Down
+		}
+		if *target != "" {
+			return nil, fmt.Errorf("inbox: migration version %d has two %s files", v, dir)
+		}
+		*target = text
+	}
+	ms := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.Up == "" || m.Down == "" {
+			return nil, fmt.Errorf("inbox: migration version %d (%s) lacks its up or down file", m.Version, m.Name)
+		}
+		ms = append(ms, *m)
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	return ms, nil
 }
 
-// Migrate brings the inbox table to the newest schema version. It is
-// idempotent, and safe to run from several processes at once: PostgreSQL and
-// MySQL take a lock named after the table for the duration, SQLite
-// serializes the migration transactions itself, and every version is
-// recorded in "<table>_migrations" in the same transaction that applies it
-// (MySQL commits DDL implicitly; the lock covers it there).
+// Migrate brings the inbox table to the newest schema version:
+// MigrateTo(ctx, 0).
+func (s *Store) Migrate(ctx context.Context) error { return s.MigrateTo(ctx, 0) }
+
+// MigrateTo applies every version up to target (0: the newest) that is
+// not applied yet. It is idempotent, and safe to run from several
+// processes at once: where the dialect needs it (Capabilities.MigrationLock)
+// a lock named after the table is held for the duration; every version is
+// recorded in "<table>_migrations" in the same transaction that applies
+// it. A target below the newest applied version changes nothing; see
+// [Store.MigrateDown].
 //
-// On MySQL a crash between a version's DDL and its recording leaves the
-// version applied but unrecorded, and the next Migrate runs it again; every
-// MySQL migration file therefore checks before each step whether it is still
-// needed, and running it twice changes nothing.
+// On MySQL DDL commits implicitly: a crash between a version's DDL and its
+// recording leaves the version applied but unrecorded, and the next
+// Migrate runs it again; every MySQL migration file therefore checks
+// before each step whether it is still needed.
 //
-// Migrate never runs by itself: nothing creates schema on a first message.
-func (s *Store) Migrate(ctx context.Context) (err error) {
+// Nothing migrates by itself: no schema is created on a first message.
+func (s *Store) MigrateTo(ctx context.Context, target int) error {
 	ms, err := s.Migrations()
 	if err != nil {
 		return err
 	}
+	if target < 0 || (target > 0 && !hasVersion(ms, target)) {
+		return fmt.Errorf("inbox: migrate: no version %d", target)
+	}
+	return s.migrating(ctx, "migrate", func(conn *sql.Conn) error {
+		for _, m := range ms {
+			if target > 0 && m.Version > target {
+				break
+			}
+			if err := s.applyMigration(ctx, conn, m, true); err != nil {
+				return fmt.Errorf("inbox: migrate: version %d (%s): %w", m.Version, m.Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// MigrateDown undoes every applied version above target, newest first;
+// MigrateDown(ctx, 0) drops the inbox table and with it every record: all
+// intents are forgotten. Each version's down file runs in the transaction
+// that forgets the version.
+func (s *Store) MigrateDown(ctx context.Context, target int) error {
+	ms, err := s.Migrations()
+	if err != nil {
+		return err
+	}
+	if target < 0 || (target > 0 && !hasVersion(ms, target)) {
+		return fmt.Errorf("inbox: migrate down: no version %d", target)
+	}
+	return s.migrating(ctx, "migrate down", func(conn *sql.Conn) error {
+		for i := len(ms) - 1; i >= 0 && ms[i].Version > target; i-- {
+			if err := s.applyMigration(ctx, conn, ms[i], false); err != nil {
+				return fmt.Errorf("inbox: migrate down: version %d (%s): %w", ms[i].Version, ms[i].Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+func hasVersion(ms []Migration, v int) bool {
+	for _, m := range ms {
+		if m.Version == v {
+			return true
+		}
+	}
+	return false
+}
+
+// migrating runs f on a dedicated connection holding the migration lock,
+// with the versions table created.
+func (s *Store) migrating(ctx context.Context, what string, f func(conn *sql.Conn) error) (err error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("inbox: migrate: %w", err)
+		return fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
 	}
 	defer conn.Close()
 
-	lockName := "inboxmill:" + s.table
-	if s.q.LockMigrations != "" {
+	lock := &params{lockName: "inboxmill:" + s.table}
+	if s.caps.MigrationLock {
 		var got int
-		if err := conn.QueryRowContext(ctx, s.q.LockMigrations, lockName).Scan(&got); err != nil {
-			return fmt.Errorf("inbox: migrate: take lock: %w", err)
+		if err := s.queryRow(ctx, conn, s.q.lockMigrations, lock).Scan(&got); err != nil {
+			return fmt.Errorf("inbox: %s: take lock: %w", what, err)
 		}
 		if got != 1 {
-			return fmt.Errorf("inbox: migrate: could not take lock %q", lockName)
+			return fmt.Errorf("inbox: %s: could not take lock %q", what, lock.lockName)
 		}
 		defer func() {
 			// A fresh context: the caller's may be done, and the lock must go
 			// (closing the connection would release it too).
 			var released int
-			uerr := conn.QueryRowContext(context.WithoutCancel(ctx), s.q.UnlockMigrations, lockName).Scan(&released)
+			uerr := s.queryRow(context.WithoutCancel(ctx), conn, s.q.unlockMigrations, lock).Scan(&released)
 			if uerr != nil && err == nil {
-				err = fmt.Errorf("inbox: migrate: release lock: %w", uerr)
+				err = fmt.Errorf("inbox: %s: release lock: %w", what, uerr)
 			}
 		}()
 	}
-
-	if _, err := conn.ExecContext(ctx, s.q.CreateMigrationsTable); err != nil {
-		return fmt.Errorf("inbox: migrate: create migrations table: %w", err)
+	if _, err := s.exec(ctx, conn, s.q.createMigrations, &params{}); err != nil {
+		return fmt.Errorf("inbox: %s: create migrations table: %w", what, err)
 	}
-	for _, m := range ms {
-		if err := s.applyMigration(ctx, conn, m); err != nil {
-			return fmt.Errorf("inbox: migrate: version %d (%s): %w", m.Version, m.Name, err)
-		}
-	}
-	return nil
+	return f(conn)
 }
 
-func (s *Store) applyMigration(ctx context.Context, conn *sql.Conn, m Migration) (err error) {
+// applyMigration applies m (up) or undoes it (down) unless that was done
+// already, and records the change, in one transaction.
+func (s *Store) applyMigration(ctx context.Context, conn *sql.Conn, m Migration, up bool) (err error) {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -122,28 +207,40 @@ func (s *Store) applyMigration(ctx context.Context, conn *sql.Conn, m Migration)
 	// Checked inside the transaction: another process may have applied the
 	// version since this one looked.
 	var n int
-	if err := tx.QueryRowContext(ctx, s.q.SelectMigration, m.Version).Scan(&n); err != nil {
+	if err := s.queryRow(ctx, tx, s.q.selectMigration, &params{version: m.Version}).Scan(&n); err != nil {
 		return err
 	}
-	if n > 0 {
+	if (n > 0) == up {
 		return tx.Rollback()
 	}
-	for _, stmt := range splitStatements(m.Up) {
+	body, record := m.Up, s.q.insertMigration
+	if !up {
+		body, record = m.Down, s.q.deleteMigration
+	}
+	for _, stmt := range splitStatements(body) {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return err
 		}
 	}
-	if _, err := tx.ExecContext(ctx, s.q.InsertMigration, m.Version, m.Name, s.timeArg(s.now())); err != nil {
+	if _, err := s.exec(ctx, tx, record, &params{version: m.Version, name: m.Name, now: s.now()}); err != nil {
 		return err
 	}
 	return tx.Commit()
 }
 
-// AppliedMigrations lists the schema versions recorded as applied.
+// AppliedMigrations lists the schema versions recorded as applied; none
+// when the versions table does not exist.
 func (s *Store) AppliedMigrations(ctx context.Context) ([]int, error) {
-	rows, err := s.db.QueryContext(ctx, s.q.SelectMigrations)
+	var exists int
+	if err := s.queryRow(ctx, s.db, s.q.migrationsExist, &params{}).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("inbox: applied migrations: %w", s.Classify(err))
+	}
+	if exists == 0 {
+		return nil, nil
+	}
+	rows, err := s.query(ctx, s.db, s.q.selectMigrations, &params{})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: applied migrations: %w", err)
+		return nil, fmt.Errorf("inbox: applied migrations: %w", s.Classify(err))
 	}
 	defer rows.Close()
 	var vs []int
@@ -155,6 +252,76 @@ func (s *Store) AppliedMigrations(ctx context.Context) ([]int, error) {
 		vs = append(vs, v)
 	}
 	return vs, rows.Err()
+}
+
+// SchemaError reports how the applied schema differs from the code's.
+type SchemaError struct {
+	Table string
+	// Missing are versions the code has and the database lacks.
+	Missing []int
+	// Unknown are versions the database has and the code does not know.
+	Unknown []int
+}
+
+func (e *SchemaError) Error() string {
+	switch {
+	case len(e.Missing) > 0 && len(e.Unknown) == 0:
+		return fmt.Sprintf("inbox: table %s lacks schema versions %v; run the migrations (Store.Migrate, or inboxmill migrate)",
+			e.Table, e.Missing)
+	case len(e.Missing) == 0:
+		return fmt.Sprintf("inbox: table %s has schema versions %v that this code does not know; it was migrated by a newer release",
+			e.Table, e.Unknown)
+	}
+	return fmt.Sprintf("inbox: table %s lacks schema versions %v and has unknown versions %v", e.Table, e.Missing, e.Unknown)
+}
+
+// Unwrap makes errors.Is match [ErrSchemaOutdated] when versions are
+// missing, and [ErrSchemaNewer] when unknown ones are applied.
+func (e *SchemaError) Unwrap() []error {
+	var errs []error
+	if len(e.Missing) > 0 {
+		errs = append(errs, ErrSchemaOutdated)
+	}
+	if len(e.Unknown) > 0 {
+		errs = append(errs, ErrSchemaNewer)
+	}
+	return errs
+}
+
+// Validate checks that every schema version of the code is applied, and
+// no unknown one: call it at start-up to fail with a clear *SchemaError
+// (errors.Is [ErrSchemaOutdated] or [ErrSchemaNewer]) before the first
+// message fails with a missing column.
+func (s *Store) Validate(ctx context.Context) error {
+	ms, err := s.Migrations()
+	if err != nil {
+		return err
+	}
+	applied, err := s.AppliedMigrations(ctx)
+	if err != nil {
+		return err
+	}
+	have := map[int]bool{}
+	for _, v := range applied {
+		have[v] = true
+	}
+	e := &SchemaError{Table: s.table}
+	known := map[int]bool{}
+	for _, m := range ms {
+		known[m.Version] = true
+		if !have[m.Version] {
+			e.Missing = append(e.Missing, m.Version)
+		}
+	}
+	for _, v := range applied {
+		if !known[v] {
+			e.Unknown = append(e.Unknown, v)
+		}
+	}
+	if len(e.Missing) > 0 || len(e.Unknown) > 0 {
+		return e
+	}
+	return nil
 }
 
 func ignoreDone(err error) error {

@@ -7,33 +7,43 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/mysql"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
-// TestMigrationsRenameEveryIdentifier checks that no identifier written for a
-// table called "inbox" survives the rename, in DDL, in index names and in the
-// string literals MySQL's migrations compare with information_schema.
-func TestMigrationsRenameEveryIdentifier(t *testing.T) {
+// TestMigrationsRenderEveryIdentifier checks that no identifier written for
+// a table called "inbox" survives the rendering for another name, in DDL,
+// in index names and in the string literals MySQL's migrations compare with
+// information_schema, and that every version has both its files.
+func TestMigrationsRenderEveryIdentifier(t *testing.T) {
 	leftover := regexp.MustCompile(`\binbox\b|\binbox_`)
-	for _, d := range []inbox.Dialect{inbox.Postgres(), inbox.MySQL(), inbox.SQLite()} {
+	for _, d := range dialects {
 		t.Run(d.Name(), func(t *testing.T) {
 			ms, err := inbox.LoadMigrations(d.Migrations(), "acme")
 			require.NoError(t, err)
 			require.NotEmpty(t, ms)
 			for i, m := range ms {
 				require.Equal(t, i+1, m.Version, "versions run 1, 2, …")
-				for _, stmt := range inbox.SplitStatements(m.Up) {
-					require.NotRegexp(t, leftover, stmt, "version %d", m.Version)
+				require.NotEmpty(t, m.Name)
+				for _, body := range []string{m.Up, m.Down} {
+					require.NotContains(t, body, "{{")
+					for _, stmt := range inbox.SplitStatements(body) {
+						require.NotRegexp(t, leftover, withoutComments(stmt), "version %d", m.Version)
+					}
 				}
 			}
-			// Every up file has its down file.
 			ups, err := fs.Glob(d.Migrations(), "*.up.sql")
 			require.NoError(t, err)
+			downs, err := fs.Glob(d.Migrations(), "*.down.sql")
+			require.NoError(t, err)
+			require.Len(t, ups, len(ms))
+			require.Len(t, downs, len(ms))
 			for _, up := range ups {
 				_, err := fs.Stat(d.Migrations(), strings.TrimSuffix(up, ".up.sql")+".down.sql")
 				require.NoError(t, err, up)
@@ -41,13 +51,62 @@ func TestMigrationsRenameEveryIdentifier(t *testing.T) {
 		})
 	}
 
-	ms, err := inbox.LoadMigrations(inbox.MySQL().Migrations(), "acme")
+	ms, err := inbox.LoadMigrations(mysql.Dialect().Migrations(), "acme")
 	require.NoError(t, err)
 	require.Len(t, ms, 2)
 	require.Equal(t, "status_updated_index", ms[1].Name)
 	require.Contains(t, ms[1].Up, "table_name = 'acme'")
 	require.Contains(t, ms[1].Up, "ADD INDEX acme_status_updated_idx (status, updated_at)")
 	require.Contains(t, ms[1].Up, "DROP INDEX acme_status_lease_idx")
+}
+
+// TestLoadMigrationsRejectsMalformedSets: a set of files the store would
+// apply wrongly is refused before anything runs.
+func TestLoadMigrationsRejectsMalformedSets(t *testing.T) {
+	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+	for name, fsys := range map[string]fstest.MapFS{
+		"no down file":        {"001_a.up.sql": file("CREATE TABLE {{table}} (x int);")},
+		"no up file":          {"001_a.down.sql": file("DROP TABLE {{table}};")},
+		"unknown marker":      {"001_a.up.sql": file("CREATE TABLE {{tabel}} (x int);"), "001_a.down.sql": file("DROP TABLE {{table}};")},
+		"two names":           {"001_a.up.sql": file("SELECT 1;"), "001_b.down.sql": file("SELECT 1;")},
+		"no version":          {"a.up.sql": file("SELECT 1;"), "a.down.sql": file("SELECT 1;")},
+		"version zero":        {"000_a.up.sql": file("SELECT 1;"), "000_a.down.sql": file("SELECT 1;")},
+		"neither up nor down": {"001_a.sql": file("SELECT 1;")},
+	} {
+		_, err := inbox.LoadMigrations(fsys, "acme")
+		require.Error(t, err, name)
+	}
+	ms, err := inbox.LoadMigrations(fstest.MapFS{
+		"002_b.up.sql": file("ALTER TABLE {{table}} ADD y int;"), "002_b.down.sql": file("ALTER TABLE {{table}} DROP y;"),
+		"001_a.up.sql": file("CREATE TABLE {{table}} (x int);"), "001_a.down.sql": file("DROP TABLE {{table}};"),
+		"README.md": file("not a migration"),
+	}, "acme")
+	require.NoError(t, err)
+	require.Equal(t, []inbox.Migration{
+		{Version: 1, Name: "a", Up: "CREATE TABLE acme (x int);", Down: "DROP TABLE acme;"},
+		{Version: 2, Name: "b", Up: "ALTER TABLE acme ADD y int;", Down: "ALTER TABLE acme DROP y;"},
+	}, ms)
+}
+
+// TestSplitStatements pins how a migration file is cut into statements.
+func TestSplitStatements(t *testing.T) {
+	require.Equal(t, []string{
+		"-- leading comment\nCREATE TABLE a (x int)",
+		"CREATE INDEX b ON a (x)\n    WHERE x > 0",
+	}, inbox.SplitStatements("-- leading comment\nCREATE TABLE a (x int);\n\nCREATE INDEX b ON a (x)\n    WHERE x > 0;\n-- trailing; comment\n"))
+	require.Empty(t, inbox.SplitStatements("-- only a comment;\n\n"))
+}
+
+// withoutComments drops SQL line comments.
+func withoutComments(sql string) string {
+	var out []string
+	for line := range strings.Lines(sql) {
+		if i := strings.Index(line, "--"); i >= 0 {
+			line = line[:i]
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestMySQLStatusIndex checks that migration 2 replaces the status index, and
@@ -62,8 +121,9 @@ func TestMySQLStatusIndex(t *testing.T) {
 		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
 		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_migrations")
 	})
-	store, err := inbox.NewStore(db, inbox.MySQL(), inbox.Config{Table: table})
+	store, err := inbox.NewStore(db, mysql.Dialect(), inbox.Config{Table: table})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
 	oldIdx, newIdx := table+"_status_lease_idx", table+"_status_updated_idx"
 
 	// indexes returns the table's secondary indexes and their columns.
@@ -101,12 +161,12 @@ GROUP BY index_name`, table)
 	// connection: its user variable and prepared statement are per session.
 	runFile := func(t *testing.T, name string) {
 		t.Helper()
-		body, err := fs.ReadFile(inbox.MySQL().Migrations(), name)
+		body, err := fs.ReadFile(mysql.Dialect().Migrations(), name)
 		require.NoError(t, err)
 		conn, err := db.Conn(ctx)
 		require.NoError(t, err)
 		defer conn.Close()
-		for _, stmt := range inbox.SplitStatements(inbox.RenameTable(string(body), table)) {
+		for _, stmt := range inbox.SplitStatements(inbox.MustRenderSQL(string(body), table)) {
 			_, err := conn.ExecContext(ctx, stmt)
 			require.NoError(t, err, stmt)
 		}
@@ -179,15 +239,15 @@ GROUP BY index_name`, table)
 		_, err = db.ExecContext(ctx, "ANALYZE TABLE "+table)
 		require.NoError(t, err)
 
-		q := inbox.MySQL().Queries(table)
+		q := mysql.Dialect().Queries(table)
 		now := time.Now().UTC()
 		for name, c := range map[string]struct {
 			query string
 			args  []any
 		}{
-			"SelectPending":   {q.SelectPending, []any{100}},
-			"SelectStale":     {q.SelectStale, []any{now, now.Add(-time.Minute), 100}},
-			"UnfinishedStats": {q.UnfinishedStats, nil},
+			"SelectPending":   {q.SelectPending().SQL, []any{100}},
+			"SelectStale":     {q.SelectStale().SQL, []any{now, now.Add(-time.Minute), 100}},
+			"UnfinishedStats": {q.UnfinishedStats().SQL, nil},
 		} {
 			rows, err := db.QueryContext(ctx, "EXPLAIN "+c.query, c.args...)
 			require.NoError(t, err, name)

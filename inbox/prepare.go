@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 )
 
 // Prepare decides whether a [Store] runs its frequent statements — claim,
@@ -18,9 +16,10 @@ import (
 type Prepare int
 
 const (
-	// PrepareAuto (the default) prepares on MySQL and SQLite and not on
-	// PostgreSQL. MySQL's driver otherwise prepares, executes and closes a
-	// statement for every parameterized call (two round trips; one with
+	// PrepareAuto (the default) prepares where the dialect prefers it
+	// (Capabilities.PreferPrepare): on MySQL and SQLite, not on PostgreSQL.
+	// MySQL's driver otherwise prepares, executes and closes a statement
+	// for every parameterized call (two round trips; one with
 	// interpolateParams=true), and SQLite parses the SQL again each time.
 	// On PostgreSQL, pgx already caches prepared statements per connection,
 	// and named statements do not survive a PgBouncer in transaction mode;
@@ -44,18 +43,14 @@ func (p Prepare) String() string {
 	return fmt.Sprintf("Prepare(%d)", int(p))
 }
 
-func (p Prepare) enabled(d Dialect) bool {
+func (p Prepare) enabled(c Capabilities) bool {
 	switch p {
 	case PrepareAlways:
 		return true
 	case PrepareNever:
 		return false
 	}
-	switch d.Name() {
-	case "mysql", "sqlite":
-		return true
-	}
-	return false
+	return c.PreferPrepare
 }
 
 // Tx is a transaction on the store's database, begun by [Store.BeginTx].
@@ -76,8 +71,8 @@ func (s *Store) BeginTx(ctx context.Context, opts *sql.TxOptions) (*Tx, error) {
 	// Prepared before the transaction holds a connection: preparing on the
 	// database inside it would need a second one, and wait forever for it
 	// when the pool has no other.
-	for _, q := range []string{s.q.Insert, s.q.SelectForClaim, s.q.Select, s.q.Finish} {
-		s.prepared(ctx, q)
+	for _, q := range []stmt{s.q.insert, s.q.selectForClaim, s.q.selectOne, s.q.finish} {
+		s.prepared(ctx, q.SQL)
 	}
 	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
@@ -101,13 +96,7 @@ type stmtCache struct {
 // the caller's context) is sent as text before the store tries again.
 const prepareBackoff = time.Minute
 
-// Close releases the statements the store prepared (see [Prepare]). The
-// store keeps working afterwards, sending SQL text; a call racing with
-// Close does too. It does not close the database. Call it when the store
-// is no longer used but the database is: MySQL, for one, limits prepared
-// statements server-wide (max_prepared_stmt_count).
-func (s *Store) Close() error {
-	c := &s.stmts
+func (c *stmtCache) close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed.Store(true)
@@ -201,25 +190,26 @@ func (s *Store) stmt(ctx context.Context, q DBTX, query string) *sql.Stmt {
 // means it was not run, so that sending the text instead is safe: the
 // statement was closed (Store.Close raced with the call), or preparing it
 // on a new connection was refused.
-func unusableStmt(err error) bool {
+func (s *Store) unusableStmt(err error) bool {
 	if err == nil {
 		return false
 	}
 	if err.Error() == "sql: statement is closed" { // database/sql's errStmtClosed
 		return true
 	}
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1461 // ER_MAX_PREPARED_STMT_COUNT_REACHED
+	return errors.Is(s.dialect.Classify(err), ErrPrepareRefused)
 }
 
-func (s *Store) execContext(ctx context.Context, q DBTX, query string, args ...any) (sql.Result, error) {
-	if st := s.stmt(ctx, q, query); st != nil {
-		res, err := st.ExecContext(ctx, args...)
-		if !unusableStmt(err) {
+// exec runs st with p's values through q.
+func (s *Store) exec(ctx context.Context, q DBTX, st stmt, p *params) (sql.Result, error) {
+	args := s.bind(st, p)
+	if ps := s.stmt(ctx, q, st.SQL); ps != nil {
+		res, err := ps.ExecContext(ctx, args...)
+		if !s.unusableStmt(err) {
 			return res, err
 		}
 	}
-	return q.ExecContext(ctx, query, args...)
+	return q.ExecContext(ctx, st.SQL, args...)
 }
 
 // row is what queryRowContext returns: *sql.Row's Scan, falling back to
@@ -227,20 +217,28 @@ func (s *Store) execContext(ctx context.Context, q DBTX, query string, args ...a
 type row struct {
 	row      *sql.Row
 	fallback func() *sql.Row
+	unusable func(error) bool
 }
 
 func (r row) Scan(dest ...any) error {
 	err := r.row.Scan(dest...)
-	if r.fallback != nil && unusableStmt(err) {
+	if r.fallback != nil && r.unusable(err) {
 		return r.fallback().Scan(dest...)
 	}
 	return err
 }
 
-func (s *Store) queryRowContext(ctx context.Context, q DBTX, query string, args ...any) row {
-	text := func() *sql.Row { return q.QueryRowContext(ctx, query, args...) }
-	if st := s.stmt(ctx, q, query); st != nil {
-		return row{row: st.QueryRowContext(ctx, args...), fallback: text}
+// queryRow runs st with p's values through q and returns its one row.
+func (s *Store) queryRow(ctx context.Context, q DBTX, st stmt, p *params) row {
+	args := s.bind(st, p)
+	text := func() *sql.Row { return q.QueryRowContext(ctx, st.SQL, args...) }
+	if ps := s.stmt(ctx, q, st.SQL); ps != nil {
+		return row{row: ps.QueryRowContext(ctx, args...), fallback: text, unusable: s.unusableStmt}
 	}
 	return row{row: text()}
+}
+
+// query runs st with p's values through q (never prepared: scans are rare).
+func (s *Store) query(ctx context.Context, q DBTX, st stmt, p *params) (*sql.Rows, error) {
+	return q.QueryContext(ctx, st.SQL, s.bind(st, p)...)
 }

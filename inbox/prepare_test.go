@@ -10,9 +10,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"modernc.org/sqlite"
+	sqlitedriver "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
@@ -27,14 +28,14 @@ type countingConnector struct {
 }
 
 func (c *countingConnector) Connect(context.Context) (driver.Conn, error) {
-	conn, err := (&sqlite.Driver{}).Open(c.dsn)
+	conn, err := (&sqlitedriver.Driver{}).Open(c.dsn)
 	if err != nil {
 		return nil, err
 	}
 	return &countingConn{Conn: conn, c: c}, nil
 }
 
-func (c *countingConnector) Driver() driver.Driver { return &sqlite.Driver{} }
+func (c *countingConnector) Driver() driver.Driver { return &sqlitedriver.Driver{} }
 
 // count returns how often a statement starting with prefix was prepared.
 func (c *countingConnector) count(prefix string) int {
@@ -67,15 +68,15 @@ func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driv
 
 func countingStore(t *testing.T, prepare inbox.Prepare) (*inbox.Store, *countingConnector) {
 	t.Helper()
-	c := &countingConnector{dsn: inbox.SQLiteDSN(filepath.Join(t.TempDir(), "x.db")), prepares: map[string]int{}}
+	c := &countingConnector{dsn: sqlite.DSN(filepath.Join(t.TempDir(), "x.db")), prepares: map[string]int{}}
 	db := sql.OpenDB(c)
 	db.SetMaxOpenConns(1) // every statement on one connection
 	t.Cleanup(func() { _ = db.Close() })
-	return testkit.MigratedStore(t, db, inbox.SQLite(), inbox.Config{Prepare: prepare}), c
+	return testkit.MigratedStore(t, db, sqlite.Dialect(), inbox.Config{Prepare: prepare}), c
 }
 
 func claimParams(key string) inbox.ClaimParams {
-	return inbox.ClaimParams{Operation: "op", Key: key, PayloadHash: []byte{1}, Status: inbox.StatusCompleted}
+	return inbox.ClaimParams{ID: inbox.ID{Operation: "op", Key: key}, PayloadHash: []byte{1}}
 }
 
 // claimAll claims keys from..from+n-1: half in transactions of the
@@ -154,9 +155,9 @@ func TestTxOfAnotherDatabaseSendsText(t *testing.T) {
 	_, err = store.Claim(ctx, tx, claimParams("x")) // runs on other's database
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
-	_, err = other.Get(ctx, other.DB(), "", "op", "x")
+	_, err = other.Get(ctx, other.DB(), inbox.ID{Operation: "op", Key: "x"})
 	require.NoError(t, err)
-	_, err = store.Get(ctx, store.DB(), "", "op", "x")
+	_, err = store.Get(ctx, store.DB(), inbox.ID{Operation: "op", Key: "x"})
 	require.ErrorIs(t, err, inbox.ErrNotFound)
 }
 
@@ -173,7 +174,7 @@ func TestPrepareConfigIsValidated(t *testing.T) {
 	db, err := sql.Open("sqlite", ":memory:")
 	require.NoError(t, err)
 	defer db.Close()
-	_, err = inbox.NewStore(db, inbox.SQLite(), inbox.Config{Prepare: inbox.Prepare(7)})
+	_, err = inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Prepare: inbox.Prepare(7)})
 	require.ErrorIs(t, err, inbox.ErrInvalidConfig)
 	require.Equal(t, "auto", inbox.PrepareAuto.String())
 }

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"log/slog"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
+	"github.com/inboxmill/inboxmill/internal/service"
 )
 
 // PurgeParams are the inputs of [Store.Purge].
@@ -17,7 +17,7 @@ type PurgeParams struct {
 	Before time.Time
 	// BatchSize is how many records one statement deletes. Each batch is
 	// its own short transaction, so concurrent claims wait at most for one
-	// batch. Defaults to 1000.
+	// batch. Defaults to DefaultPurgeBatchSize.
 	BatchSize int
 	// MaxBatches bounds one call. Defaults to 0: until nothing is left.
 	MaxBatches int
@@ -45,7 +45,7 @@ func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
 		p.Before = s.now()
 	}
 	if p.BatchSize <= 0 {
-		p.BatchSize = 1000
+		p.BatchSize = DefaultPurgeBatchSize
 	}
 	var r PurgeResult
 	for p.MaxBatches <= 0 || r.Batches < p.MaxBatches {
@@ -53,7 +53,7 @@ func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
 			return r, err
 		}
 		start := time.Now()
-		res, err := s.db.ExecContext(ctx, s.q.Purge, s.timeArg(p.Before), p.BatchSize)
+		res, err := s.exec(ctx, s.db, s.q.purge, &params{before: p.Before, limit: p.BatchSize})
 		if err != nil {
 			return r, fmt.Errorf("inbox: purge: %w", s.Classify(err))
 		}
@@ -81,27 +81,32 @@ func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
 	return r, nil
 }
 
+// DefaultPurgeBatchSize is PurgeParams.BatchSize's default.
+const DefaultPurgeBatchSize = 1000
+
+// DefaultPurgeInterval is PurgerConfig.Interval's default.
+const DefaultPurgeInterval = time.Minute
+
 // PurgerConfig configures a [Purger].
 type PurgerConfig struct {
-	// Interval between purges. Defaults to 1 minute.
+	// Interval between purges. Defaults to DefaultPurgeInterval (1 minute).
 	Interval time.Duration
-	// BatchSize is passed to Store.Purge. Defaults to 1000.
+	// BatchSize is passed to Store.Purge. Defaults to DefaultPurgeBatchSize.
 	BatchSize int
 	// Logger receives one Info line per purge that deleted something, and
-	// errors. Defaults to watermill.NopLogger.
-	Logger watermill.LoggerAdapter
+	// errors. Defaults to a logger that discards everything.
+	Logger *slog.Logger
 	// OnPurge, when set, is called after every purge (for metrics).
 	OnPurge func(PurgeResult, error)
 }
 
-// Purger runs [Store.Purge] on an interval, in a goroutine of its own,
-// between [Purger.Start] and [Purger.Close].
+// Purger runs [Store.Purge] on an interval: [Purger.Run] blocks until its
+// context ends, [Purger.Start] runs it in a goroutine of its own until
+// [Purger.Close]. It can run again after it stopped.
 type Purger struct {
-	store  *Store
-	cfg    PurgerConfig
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	store *Store
+	cfg   PurgerConfig
+	loop  service.Loop
 }
 
 // NewPurger returns a purger for store. It starts nothing.
@@ -120,65 +125,52 @@ func NewPurger(store *Store, cfg PurgerConfig) (*Purger, error) {
 		return nil, err
 	}
 	if cfg.Interval == 0 {
-		cfg.Interval = time.Minute
+		cfg.Interval = DefaultPurgeInterval
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Purger{store: store, cfg: cfg}, nil
 }
 
-// Start purges now and then every Interval until Close. Starting twice is
-// an error.
-func (p *Purger) Start() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done != nil {
-		return errors.New("inbox: purger already started")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel, p.done = cancel, make(chan struct{})
-	go p.loop(ctx)
-	return nil
+// Run purges now and then every Interval until ctx ends or Close is
+// called; it returns nil then. Running twice at once is an error.
+func (p *Purger) Run(ctx context.Context) error {
+	return wrapRunning(p.loop.Run(ctx, p.cfg.Interval, p.pass))
 }
 
-func (p *Purger) loop(ctx context.Context) {
-	defer close(p.done)
-	t := time.NewTicker(p.cfg.Interval)
-	defer t.Stop()
-	for {
-		res, err := p.store.Purge(ctx, PurgeParams{BatchSize: p.cfg.BatchSize})
-		if ctx.Err() != nil {
-			return
-		}
-		fields := watermill.LogFields{"table": p.store.Table(), "deleted": res.Deleted, "batches": res.Batches}
-		switch {
-		case err != nil:
-			p.cfg.Logger.Error("inboxmill: purge failed", err, fields)
-		case res.Deleted > 0:
-			p.cfg.Logger.Info("inboxmill: purged expired records", fields)
-		}
-		if p.cfg.OnPurge != nil {
-			p.cfg.OnPurge(res, err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+// Start is Run in a goroutine of its own, until Close.
+func (p *Purger) Start() error {
+	return wrapRunning(p.loop.Start(p.cfg.Interval, p.pass))
 }
+
+// Running returns a channel that is closed while the purger runs.
+func (p *Purger) Running() <-chan struct{} { return p.loop.Running() }
 
 // Close stops the purger and waits for a purge under way to end. It is
 // safe to call more than once, and on a purger never started.
-func (p *Purger) Close() error {
-	p.mu.Lock()
-	cancel, done := p.cancel, p.done
-	p.mu.Unlock()
-	if cancel == nil {
-		return nil
+func (p *Purger) Close() error { return p.loop.Close() }
+
+func wrapRunning(err error) error {
+	if errors.Is(err, service.ErrRunning) {
+		return fmt.Errorf("inbox: purger %w", err)
 	}
-	cancel()
-	<-done
-	return nil
+	return err
+}
+
+func (p *Purger) pass(ctx context.Context) {
+	res, err := p.store.Purge(ctx, PurgeParams{BatchSize: p.cfg.BatchSize})
+	if ctx.Err() != nil {
+		return
+	}
+	attrs := []any{"table", p.store.Table(), "deleted", res.Deleted, "batches", res.Batches}
+	switch {
+	case err != nil:
+		p.cfg.Logger.Error("inboxmill: purge failed", append(attrs, "error", err.Error())...)
+	case res.Deleted > 0:
+		p.cfg.Logger.Info("inboxmill: purged expired records", attrs...)
+	}
+	if p.cfg.OnPurge != nil {
+		p.cfg.OnPurge(res, err)
+	}
 }

@@ -6,6 +6,15 @@ import (
 )
 
 // Status is the life-cycle state of a record.
+//
+//	           Reserve ──► processing ──Complete──► completed
+//	                        │  ▲  │  └───Fail─────► failed
+//	TakeOver (lease expired)┘  │  └───Pend──► pending ──Complete/Fail──► …
+//	                Release ───┘              │
+//	                (NotHappened) ◄─Release───┘
+//
+// Transactional claims insert completed (or failed) directly: nobody sees
+// the row before the claim's transaction commits.
 type Status string
 
 const (
@@ -30,20 +39,13 @@ func (s Status) Valid() bool {
 	return false
 }
 
-// Limits on the identifying columns, in bytes. They are what the MySQL schema
-// can index (VARBINARY(255)); the other dialects enforce the same limits so
-// that a store can move between databases.
-const (
-	MaxScopeLen     = 255
-	MaxOperationLen = 255
-	MaxKeyLen       = 255
-)
+// Finished reports whether s is terminal: completed or failed. Only
+// finished records are ever purged.
+func (s Status) Finished() bool { return s == StatusCompleted || s == StatusFailed }
 
 // Record is one row of the inbox table.
 type Record struct {
-	Scope     string
-	Operation string
-	Key       string
+	ID
 	// PayloadHash is the fingerprint of the payload that claimed the key.
 	PayloadHash []byte
 	Status      Status
@@ -70,4 +72,35 @@ type Record struct {
 // claimed with.
 func (r *Record) SamePayload(hash []byte) bool {
 	return bytes.Equal(r.PayloadHash, hash)
+}
+
+// LeaseExpired reports whether a processing record may be taken over at
+// now: its lease was released or ran out. It is the TakeOver and
+// SelectStale statements' "lease_until IS NULL OR lease_until < now",
+// compared to the microsecond as the databases keep times, so a caller
+// that checks it first and the statement never disagree on a lease
+// expiring exactly now: a lease that runs until now is live.
+func (r *Record) LeaseExpired(now time.Time) bool {
+	return r.Status == StatusProcessing && (r.LeaseUntil.IsZero() || dbTime(r.LeaseUntil).Before(dbTime(now)))
+}
+
+// Purgeable reports whether a purge at now may delete the record: it is
+// finished and its expires_at is before now. It is the Purge statement's
+// "expires_at < now AND status IN ('completed', 'failed')", compared to
+// the microsecond as the databases keep times: a record that expires
+// exactly now is kept.
+func (r *Record) Purgeable(now time.Time) bool {
+	return r.Status.Finished() && !r.ExpiresAt.IsZero() && dbTime(r.ExpiresAt).Before(dbTime(now))
+}
+
+// Retention is how long the record was set to outlive its claim: the
+// retention its claimer chose, 0 for a record kept forever. A record that
+// finishes late is kept this long from when it finishes, so that an intent
+// pending longer than its retention is not purged (and run again by the
+// next redelivery) the moment it is resolved.
+func (r *Record) Retention() time.Duration {
+	if r.ExpiresAt.IsZero() {
+		return 0
+	}
+	return r.ExpiresAt.Sub(r.CreatedAt)
 }

@@ -66,14 +66,14 @@ type Config struct {
 	// database's, in every worker: a worker whose own clock ran ahead would
 	// otherwise see live leases as expired and take them over. Defaults to
 	// DefaultClockSync when Now is nil, and to off when Now is set (a test
-	// moving time keeps its clock); negative turns it off. Dialects without
-	// a Queries.Clock (SQLite: every client is on the database's host) never
-	// sync. See [Store.SyncClock].
+	// moving time keeps its clock); negative turns it off. Dialects whose
+	// clients share the database's clock (Capabilities.SharedClock: SQLite)
+	// never sync. See [Store.SyncClock].
 	ClockSync time.Duration
 
 	// Prepare decides whether frequent statements are prepared once per
-	// connection. Defaults to PrepareAuto: on for MySQL and SQLite, off for
-	// PostgreSQL. See [Store.Close].
+	// connection. Defaults to PrepareAuto: on where the dialect prefers it
+	// (Capabilities.PreferPrepare: MySQL and SQLite), off elsewhere. See [Store.Close].
 	Prepare Prepare
 }
 
@@ -111,19 +111,24 @@ func (c Config) validate() error {
 }
 
 // Store is the inbox table of one database. It is safe for concurrent use.
+// It owns the record's life-cycle: callers ask for a transition (claim,
+// reserve, take over, complete, ...) and the store decides whether it is
+// legal, fenced by the record's attempt.
 type Store struct {
 	db      *sql.DB
 	dialect Dialect
+	caps    Capabilities
 	table   string
-	q       Queries
+	q       queries
 	clock   func() time.Time
 	stmts   stmtCache
 	sync    clockSync
 }
 
 // NewStore returns a store over db that speaks dialect. It checks the
-// configuration and touches no data; call [Store.Migrate] (or apply
-// [Dialect.Migrations] with a tool of your own) before the first claim.
+// configuration and the dialect's queries and touches no data; call
+// [Store.Migrate] (or apply the dialect's migrations with a tool of your
+// own) before the first claim, and [Store.Close] when done.
 func NewStore(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 	cfg = cfg.withDefaults()
 	var errs []error
@@ -137,17 +142,23 @@ func NewStore(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	q, err := loadQueries(dialect.Queries(cfg.Table))
+	if err != nil {
+		return nil, fmt.Errorf("inbox: dialect %s: %w", dialect.Name(), err)
+	}
 	s := &Store{
 		db:      db,
 		dialect: dialect,
+		caps:    dialect.Capabilities(),
 		table:   cfg.Table,
-		q:       dialect.Queries(cfg.Table),
+		q:       q,
 		clock:   cfg.Now,
 	}
-	s.stmts.on = cfg.Prepare.enabled(dialect)
-	if cfg.ClockSync > 0 && s.q.Clock != "" {
+	s.stmts.on = cfg.Prepare.enabled(s.caps)
+	if cfg.ClockSync > 0 && !s.caps.SharedClock {
 		s.sync.every = cfg.ClockSync
 	}
+	s.sync.ctx, s.sync.stop = context.WithCancel(context.Background())
 	return s, nil
 }
 
@@ -161,8 +172,21 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 func (s *Store) Table() string { return s.table }
 
 // Now returns the store's current time: Config.Now, corrected by the
-// offset to the database's clock measured last (Config.ClockSync).
+// offset to the database's clock measured last (Config.ClockSync), cut to
+// the microsecond, which is what the databases keep of a time.
 func (s *Store) Now() time.Time { return s.now() }
+
+// Close stops the store's background clock measurement and releases the
+// statements it prepared (see [Prepare]). It does not close the database.
+// The store keeps working afterwards, sending SQL text and measuring the
+// clock only when asked ([Store.SyncClock]); a call racing with Close
+// does too. Call it when the store is no longer used but the database is:
+// MySQL, for one, limits prepared statements server-wide
+// (max_prepared_stmt_count).
+func (s *Store) Close() error {
+	s.sync.close()
+	return s.stmts.close()
+}
 
 // Classify classifies an error of the store's own database calls:
 // [Dialect.Classify], and a lost connection (database/sql's ErrBadConn, a
@@ -178,9 +202,4 @@ func (s *Store) Classify(err error) error {
 	return classifyConnErr(err)
 }
 
-func (s *Store) timeArg(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return s.dialect.TimeArg(t)
-}
+func joinErrs(errs []error) error { return errors.Join(errs...) }

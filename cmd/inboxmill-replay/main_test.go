@@ -156,7 +156,7 @@ func TestReplayDryRun(t *testing.T) {
 
 			// Forget two old events and two recent ones.
 			for _, i := range []int{1, 2, 25, 26} {
-				require.NoError(t, b.store.Delete(context.Background(), b.db, "shop-1", "ship_order", eventID(i)))
+				require.NoError(t, b.store.Delete(context.Background(), b.db, inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: eventID(i)}))
 			}
 			// The recent ones are new; the old ones were published before
 			// the 7-day window, so their records would have been purged by
@@ -188,7 +188,7 @@ func TestReplayDryRun(t *testing.T) {
 func TestReplayOutput(t *testing.T) {
 	t.Parallel()
 	b := setup(t, testdb.SQLite)
-	require.NoError(t, b.store.Delete(context.Background(), b.db, "shop-1", "ship_order", eventID(25)))
+	require.NoError(t, b.store.Delete(context.Background(), b.db, inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: eventID(25)}))
 
 	code, stdout, stderr := replay(t, append(b.base, "-progress-every", "10", "-show", "3")...)
 	require.Equal(t, 0, code, stderr)
@@ -206,7 +206,7 @@ func TestReplayOutput(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Regexp(t, `class=conflict key_digest=[0-9a-f]{16} published=\S+ reason="inbox: key [0-9a-f]{16} of operation \\"ship_order\\"`, stdout)
 	require.Regexp(t, `class=invalid published=\S+ reason="dedup: key from metadata \\"event_id\\"`, stdout)
-	require.Regexp(t, `class=new key_digest=`+inbox.KeyDigest("shop-1", "ship_order", eventID(25)), stdout)
+	require.Regexp(t, `class=new key_digest=`+inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: eventID(25)}.Digest(), stdout)
 
 	// Progress by time alone.
 	code, _, stderr = replay(t, append(b.base, "-progress-every", "0", "-progress-interval", "1ns")...)

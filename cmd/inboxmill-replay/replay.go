@@ -18,15 +18,18 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/mysql"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
 
 var drivers = map[string]struct {
 	driver  string
 	dialect func() inbox.Dialect
 }{
-	"postgres": {"pgx", inbox.Postgres},
-	"mysql":    {"mysql", inbox.MySQL},
-	"sqlite":   {"sqlite", inbox.SQLite},
+	"postgres": {"pgx", postgres.Dialect},
+	"mysql":    {"mysql", mysql.Dialect},
+	"sqlite":   {"sqlite", sqlite.Dialect},
 }
 
 // partitionRange is the offsets [start, end) of one partition to read.
@@ -195,7 +198,7 @@ func openInbox(ctx context.Context, o options) (*sql.DB, *inbox.Store, error) {
 	drv := drivers[o.dialect]
 	dsn := o.dsn
 	if o.dialect == "sqlite" && !strings.HasPrefix(dsn, "file:") {
-		dsn = inbox.SQLiteDSN(dsn)
+		dsn = sqlite.DSN(dsn)
 	}
 	db, err := sql.Open(drv.driver, dsn)
 	if err != nil {
@@ -208,7 +211,7 @@ func openInbox(ctx context.Context, o options) (*sql.DB, *inbox.Store, error) {
 	}
 	// One look-up before reading Kafka, so that a wrong DSN or table fails
 	// at once rather than after the first message.
-	_, err = store.Get(ctx, db, "", o.operation, "inboxmill-replay-probe")
+	_, err = store.Get(ctx, db, inbox.ID{Operation: o.operation, Key: "inboxmill-replay-probe"})
 	if err != nil && !errors.Is(err, inbox.ErrNotFound) {
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("read the inbox table %s: %w", o.table, err)

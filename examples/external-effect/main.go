@@ -41,8 +41,9 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/dedup"
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/handlers/reconcile"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
 
 func main() {
@@ -104,12 +105,12 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		defer os.RemoveAll(dir)
 		dbPath = filepath.Join(dir, "inbox.db")
 	}
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(dbPath))
+	db, err := sql.Open("sqlite", sqlite.DSN(dbPath))
 	if err != nil {
 		return sum, err
 	}
 	defer db.Close()
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Table: "payment_inbox"})
+	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Table: "payment_inbox"})
 	if err != nil {
 		return sum, err
 	}
@@ -122,14 +123,15 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		logger = watermill.NewStdLogger(true, false)
 	}
 	d, err := dedup.New(store, dedup.Config{
-		Mode:              dedup.ModeReserve,
-		Key:               dedup.KeyFromMetadata("intent_id"),
-		Operation:         "charge_card",
-		Lease:             lease,
-		HeartbeatInterval: lease / 4,
-		InFlightWait:      300 * time.Millisecond,
-		InFlightPoll:      20 * time.Millisecond,
-		Logger:            logger,
+		Key:       dedup.KeyFromMetadata("intent_id"),
+		Operation: "charge_card",
+		Mode: dedup.Reserve{
+			Lease:             lease,
+			HeartbeatInterval: lease / 4,
+			InFlightWait:      300 * time.Millisecond,
+			InFlightPoll:      20 * time.Millisecond,
+		},
+		Logger: logger,
 	})
 	if err != nil {
 		return sum, err
@@ -138,22 +140,22 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	// The reconciler asks the provider what became of pending intents, by
 	// the idempotency key the handler sent.
 	var pendingResolved atomic.Int64
-	rec, err := handlers.NewReconciler(store, handlers.ReconcilerConfig{
+	rec, err := reconcile.New(store, reconcile.Config{
 		Interval:   100 * time.Millisecond,
 		StaleAfter: 5 * time.Second,
 		Logger:     logger,
-		Resolve: func(ctx context.Context, r *inbox.Record) (handlers.Resolution, error) {
-			found, err := api.find(ctx, dedup.IdempotencyKeyOf(r))
+		Resolve: func(ctx context.Context, r *inbox.Record) (reconcile.Resolution, error) {
+			found, err := api.find(ctx, r.IdempotencyKey())
 			switch {
 			case err != nil:
-				return handlers.Resolution{}, err
+				return reconcile.Resolution{}, err
 			case len(found) > 0:
 				if r.Status == inbox.StatusPending {
 					pendingResolved.Add(1)
 				}
-				return handlers.Resolution{Verdict: handlers.Succeeded, ExternalRef: found[0].ID}, nil
+				return reconcile.Resolution{Verdict: reconcile.Succeeded, ExternalRef: found[0].ID}, nil
 			default:
-				return handlers.Resolution{Verdict: handlers.NotHappened}, nil
+				return reconcile.Resolution{Verdict: reconcile.NotHappened}, nil
 			}
 		},
 	})

@@ -37,6 +37,7 @@ import (
 	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
 	"github.com/inboxmill/inboxmill/examples/internal/shop"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
 )
 
 const partitions = 4
@@ -87,7 +88,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	defer db.Close()
-	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: cfg.inboxTable})
+	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: cfg.inboxTable})
 	if err != nil {
 		return sum, err
 	}

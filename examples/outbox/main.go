@@ -47,6 +47,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/internal/crashrelay"
 )
 
@@ -107,7 +108,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err := db.PingContext(ctx); err != nil {
 		return sum, fmt.Errorf("PostgreSQL at %s: %w", cfg.dsn, err)
 	}
-	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: cfg.tables + "_inbox"})
+	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: cfg.tables + "_inbox"})
 	if err != nil {
 		return sum, err
 	}

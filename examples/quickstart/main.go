@@ -30,6 +30,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/examples/internal/shop"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
 
 const (
@@ -67,13 +68,13 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if cfg.events < 7 {
 		return sum, errors.New("-events must be at least 7")
 	}
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(cfg.dbPath))
+	db, err := sql.Open("sqlite", sqlite.DSN(cfg.dbPath))
 	if err != nil {
 		return sum, err
 	}
 	defer db.Close()
 
-	store, err := inbox.NewStore(db, inbox.SQLite(), inbox.Config{Table: "inbox"})
+	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Table: "inbox"})
 	if err != nil {
 		return sum, err
 	}

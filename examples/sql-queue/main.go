@@ -30,7 +30,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
 )
 
 func main() {
@@ -65,7 +67,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err := db.PingContext(ctx); err != nil {
 		return sum, fmt.Errorf("PostgreSQL at %s: %w", cfg.dsn, err)
 	}
-	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: cfg.table})
+	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: cfg.table})
 	if err != nil {
 		return sum, err
 	}
@@ -99,8 +101,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	defer sub.Close()
 
 	d, err := dedup.New(store, dedup.Config{
-		Key:    dedup.KeyFromMetadata("event_id"),
-		JoinTx: dedup.WatermillSQLTx, // run in the consuming transaction
+		Key:  dedup.KeyFromMetadata("event_id"),
+		Mode: dedup.Transactional{JoinTx: watermillsql.Tx}, // run in the consuming transaction
 	})
 	if err != nil {
 		return sum, err

@@ -18,7 +18,10 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
 
 // backend is the queue between the receivers and the consumer, and the
@@ -49,7 +52,7 @@ func sqliteBackend(ctx context.Context, path string) (*backend, error) {
 		path = filepath.Join(dir, "webhooks.db")
 		cleanup = func() { _ = os.RemoveAll(dir) }
 	}
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(path))
+	db, err := sql.Open("sqlite", sqlite.DSN(path))
 	if err != nil {
 		cleanup()
 		return nil, err
@@ -64,7 +67,7 @@ func sqliteBackend(ctx context.Context, path string) (*backend, error) {
 		_ = db.Close()
 		cleanup()
 	}
-	if err := b.migrate(ctx, inbox.SQLite(), "inbox"); err != nil {
+	if err := b.migrate(ctx, sqlite.Dialect(), "inbox"); err != nil {
 		b.close()
 		return nil, err
 	}
@@ -87,7 +90,7 @@ func postgresBackend(ctx context.Context, dsn string) (*backend, error) {
 	var r [4]byte
 	_, _ = rand.Read(r[:])
 	suffix := hex.EncodeToString(r[:])
-	b := &backend{describe: "watermill-sql queue and PostgreSQL inbox", db: db, joinTx: dedup.WatermillSQLTx,
+	b := &backend{describe: "watermill-sql queue and PostgreSQL inbox", db: db, joinTx: watermillsql.Tx,
 		stripeTopic: "stripe_events_" + suffix, githubTopic: "github_events_" + suffix, effects: "webhook_effects_" + suffix}
 
 	// Raw bodies in BYTEA (a webhook body need not be JSON); one message
@@ -128,7 +131,7 @@ func postgresBackend(ctx context.Context, dsn string) (*backend, error) {
 			return nil, err
 		}
 	}
-	if err := b.migrate(ctx, inbox.Postgres(), store); err != nil {
+	if err := b.migrate(ctx, postgres.Dialect(), store); err != nil {
 		b.close()
 		return nil, err
 	}

@@ -86,7 +86,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		// Stripe's pending_webhooks can differ between two deliveries of
 		// one event; without this the second would be a payload conflict.
 		IgnoreFields: []string{"pending_webhooks"},
-		JoinTx:       b.joinTx,
+		Mode:         dedup.Transactional{JoinTx: b.joinTx},
 	})
 	if err != nil {
 		return sum, err

@@ -5,9 +5,14 @@ import (
 	"time"
 )
 
-// clock is the wall clock plus an offset that tests move forward, so that
-// leases expire without sleeping. Stores sharing one clock agree on time.
-type clock struct{ offset atomic.Int64 }
+// Clock is the wall clock plus an offset that tests move forward, so that
+// leases expire without sleeping. Pass its Now as inbox.Config.Now; stores
+// sharing one Clock agree on time. The zero value is the wall clock, and a
+// Clock is safe for concurrent use.
+type Clock struct{ offset atomic.Int64 }
 
-func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
-func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
+// Now returns the wall clock's time plus every Advance so far.
+func (c *Clock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }

@@ -1,6 +1,7 @@
 package inboxtest
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -18,13 +19,7 @@ func (b *bundle) seed(t *testing.T, prefix string, n int, status inbox.Status, e
 	t.Helper()
 	const perStmt = 500
 	d := b.h.Dialect
-	keyCol := "key"
-	switch d.Name() {
-	case "mysql":
-		keyCol = "`key`"
-	case "sqlite":
-		keyCol = `"key"`
-	}
+	keyCol := b.keyColumn()
 	now := time.Now()
 	for start := 0; start < n; start += perStmt {
 		end := min(start+perStmt, n)
@@ -58,6 +53,8 @@ func (b *bundle) countStatus(t *testing.T, status inbox.Status) int {
 	return n
 }
 
+// runPurge checks that purging deletes expired finished records only, in
+// batches that let claims through, and agrees with Record.Purgeable.
 func runPurge(t *testing.T, h Harness) {
 	t.Run("PurgeNeverRemovesUnfinishedRecords", func(t *testing.T) {
 		t.Parallel()
@@ -69,8 +66,7 @@ func runPurge(t *testing.T, h Harness) {
 		b.seed(t, "processing-old", 5, inbox.StatusProcessing, past)
 		b.seed(t, "pending-old", 3, inbox.StatusPending, past)
 		// A record kept forever (no expires_at) is never purged.
-		_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{Operation: "op", Key: "forever", PayloadHash: hash("x"),
-			Status: inbox.StatusCompleted})
+		_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "forever"), PayloadHash: hash("x")})
 		require.NoError(t, err)
 
 		res, err := b.store.Purge(b.ctx, inbox.PurgeParams{BatchSize: 16})
@@ -119,8 +115,8 @@ func runPurge(t *testing.T, h Harness) {
 				default:
 				}
 				start := time.Now()
-				_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{Operation: "op", Key: fmt.Sprintf("new-%d", i),
-					PayloadHash: hash("x"), Status: inbox.StatusCompleted, ExpiresAt: time.Now().Add(time.Hour)})
+				_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", fmt.Sprintf("new-%d", i)),
+					PayloadHash: hash("x"), Retention: time.Hour})
 				if err != nil {
 					claimErrors = append(claimErrors, err)
 					return
@@ -153,7 +149,6 @@ func runPurge(t *testing.T, h Harness) {
 	t.Run("PurgerRunsAndStops", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, h)
-		b.seed(t, "old", 10, inbox.StatusCompleted, time.Now().Add(-time.Hour))
 		results := make(chan inbox.PurgeResult, 10)
 		p, err := inbox.NewPurger(b.store, inbox.PurgerConfig{Interval: time.Hour, BatchSize: 3,
 			OnPurge: func(r inbox.PurgeResult, err error) {
@@ -162,15 +157,71 @@ func runPurge(t *testing.T, h Harness) {
 				}
 			}})
 		require.NoError(t, err)
+		purged := func(want int64) {
+			t.Helper()
+			select {
+			case r := <-results:
+				require.Equal(t, want, r.Deleted)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the purger did not run")
+			}
+		}
+
+		b.seed(t, "old", 10, inbox.StatusCompleted, time.Now().Add(-time.Hour))
 		require.NoError(t, p.Start())
 		require.Error(t, p.Start(), "started twice")
-		select {
-		case r := <-results:
-			require.EqualValues(t, 10, r.Deleted)
-		case <-time.After(30 * time.Second):
-			t.Fatal("the purger did not run")
+		purged(10)
+		require.NoError(t, p.Close())
+		require.NoError(t, p.Close())
+
+		// It starts again after Close, and runs as a blocking Run too.
+		b.seed(t, "again", 4, inbox.StatusFailed, time.Now().Add(-time.Hour))
+		require.NoError(t, p.Start())
+		purged(4)
+		require.NoError(t, p.Close())
+
+		b.seed(t, "run", 2, inbox.StatusCompleted, time.Now().Add(-time.Hour))
+		ctx, cancel := context.WithCancel(b.ctx)
+		defer cancel()
+		ran := make(chan error, 1)
+		go func() { ran <- p.Run(ctx) }()
+		purged(2)
+		<-p.Running()
+		require.Error(t, p.Start(), "Run is running")
+		cancel()
+		require.NoError(t, <-ran)
+		require.Zero(t, b.records(t))
+	})
+
+	t.Run("PurgeBoundaryAgreesWithPurgeable", func(t *testing.T) {
+		// A record that expires exactly now is kept: Record.Purgeable and
+		// the purge statement agree, also when the time passed reads a
+		// fraction of a microsecond past it, which the databases do not
+		// keep.
+		t.Parallel()
+		clk := newFixedClock()
+		b := setupWith(t, h, onClock(clk))
+		_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "k"), PayloadHash: hash("x"), Retention: time.Hour})
+		require.NoError(t, err)
+		rec := b.get(t, id("op", "k"))
+
+		clk.Set(rec.ExpiresAt.Add(400 * time.Nanosecond))
+		for _, now := range []time.Time{b.store.Now(), clk.Now()} {
+			require.False(t, rec.Purgeable(now), "%v", now)
+			res, err := b.store.Purge(b.ctx, inbox.PurgeParams{Before: now})
+			require.NoError(t, err)
+			require.Zero(t, res.Deleted, "%v", now)
 		}
-		require.NoError(t, p.Close())
-		require.NoError(t, p.Close())
+		res, err := b.store.Purge(b.ctx, inbox.PurgeParams{}) // the store's now
+		require.NoError(t, err)
+		require.Zero(t, res.Deleted)
+		require.Equal(t, rec, b.get(t, id("op", "k")))
+
+		clk.Set(rec.ExpiresAt.Add(time.Microsecond))
+		require.True(t, rec.Purgeable(b.store.Now()))
+		res, err = b.store.Purge(b.ctx, inbox.PurgeParams{})
+		require.NoError(t, err)
+		require.EqualValues(t, 1, res.Deleted)
+		require.Zero(t, b.records(t))
 	})
 }

@@ -1,8 +1,8 @@
 package inboxtest
 
 import (
-	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,62 +13,14 @@ import (
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
+// runStore checks the transactional claim and the record reads and writes
+// around it.
 func runStore(t *testing.T, h Harness) {
-	t.Run("MigrateIsIdempotent", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, h)
-		require.NoError(t, b.store.Migrate(b.ctx))
-		require.NoError(t, b.store.Migrate(b.ctx))
-		vs, err := b.store.AppliedMigrations(b.ctx)
-		require.NoError(t, err)
-		ms, err := b.store.Migrations()
-		require.NoError(t, err)
-		require.Len(t, vs, len(ms))
-	})
-
-	t.Run("MigrateConcurrently", func(t *testing.T) {
-		t.Parallel()
-		db := h.DB(t)
-		table := uniqueName("inbox")
-		t.Cleanup(func() {
-			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
-			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_migrations")
-		})
-		const n = 4
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() {
-				s, err := inbox.NewStore(db, h.Dialect, h.config(table))
-				if err == nil {
-					err = s.Migrate(context.Background())
-				}
-				errs[i] = err
-			})
-		}
-		wg.Wait()
-		for _, err := range errs {
-			require.NoError(t, err)
-		}
-		s, err := inbox.NewStore(db, h.Dialect, h.config(table))
-		require.NoError(t, err)
-		closeStore(t, s)
-		vs, err := s.AppliedMigrations(context.Background())
-		require.NoError(t, err)
-		ms, err := s.Migrations()
-		require.NoError(t, err)
-		want := make([]int, len(ms))
-		for i, m := range ms {
-			want[i] = m.Version
-		}
-		require.Equal(t, want, vs, "every version recorded once")
-	})
-
 	t.Run("TableNameInjectionIsRejected", func(t *testing.T) {
 		t.Parallel()
 		db := h.DB(t)
 		for _, name := range []string{"inbox; DROP TABLE x", "inbox--", `"inbox"`, "1inbox", "in box", "inbox.x", "user", "ORDER",
-			strings.Repeat("a", inbox.MaxTableLen+1)} {
+			"{{table}}", strings.Repeat("a", inbox.MaxTableLen+1)} {
 			_, err := inbox.NewStore(db, h.Dialect, inbox.Config{Table: name})
 			require.ErrorIs(t, err, inbox.ErrInvalidConfig, name)
 		}
@@ -76,39 +28,62 @@ func runStore(t *testing.T, h Harness) {
 
 	t.Run("ClaimThenDuplicateThenConflict", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, h)
-		expires := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
-		p := inbox.ClaimParams{Scope: "t1", Operation: "charge", Key: "evt-1", PayloadHash: hash("a"),
-			CorrelationID: "corr-1", ExpiresAt: expires}
+		clk := newFixedClock()
+		b := setupWith(t, h, onClock(clk))
+		key := inbox.ID{Scope: "t1", Operation: "charge", Key: "evt-1"}
+		p := inbox.ClaimParams{ID: key, PayloadHash: hash("a"), CorrelationID: "corr-1", Retention: time.Hour}
 
 		res, err := b.store.Claim(b.ctx, b.db, p)
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 		require.Equal(t, int64(1), res.Record.Attempt)
-		require.Equal(t, inbox.StatusProcessing, res.Record.Status)
+		require.Equal(t, inbox.StatusCompleted, res.Record.Status, "a claim inserts the outcome its commit will have")
 
 		res, err = b.store.Claim(b.ctx, b.db, p)
 		require.NoError(t, err)
 		require.False(t, res.Claimed)
 		rec := res.Record
-		require.Equal(t, "t1", rec.Scope)
-		require.Equal(t, "charge", rec.Operation)
-		require.Equal(t, "evt-1", rec.Key)
+		require.Equal(t, key, rec.ID)
 		require.Equal(t, hash("a"), rec.PayloadHash)
-		require.Equal(t, inbox.StatusProcessing, rec.Status)
+		require.Equal(t, inbox.StatusCompleted, rec.Status)
 		require.Equal(t, "corr-1", rec.CorrelationID)
-		require.WithinDuration(t, expires, rec.ExpiresAt, time.Millisecond)
-		require.WithinDuration(t, time.Now(), rec.CreatedAt, time.Minute)
+		require.WithinDuration(t, usec(clk.Now()), rec.CreatedAt, 0)
+		require.WithinDuration(t, usec(clk.Now()).Add(time.Hour), rec.ExpiresAt, 0)
+		require.Equal(t, time.Hour, rec.Retention())
 		require.True(t, rec.LeaseUntil.IsZero())
+		require.Empty(t, rec.LeaseOwner)
 
 		p.PayloadHash = hash("b")
 		res, err = b.store.Claim(b.ctx, b.db, p)
 		require.ErrorIs(t, err, inbox.ErrPayloadConflict)
 		var ce *inbox.ConflictError
-		require.True(t, errors.As(err, &ce))
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, key, ce.ID)
 		require.Equal(t, hash("a"), ce.Existing.PayloadHash)
+		require.Same(t, ce.Existing, res.Record)
 		require.NotContains(t, err.Error(), "evt-1", "errors carry a digest, not the key")
+		require.Contains(t, err.Error(), key.Digest())
 		require.Equal(t, 1, b.records(t))
+	})
+
+	t.Run("ClaimInsertsCompletedOrFailedOnly", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, h)
+		res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "failed"), PayloadHash: hash("x"),
+			Status: inbox.StatusFailed, Error: "card declined"})
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		rec := b.get(t, id("op", "failed"))
+		require.Equal(t, inbox.StatusFailed, rec.Status)
+		require.Equal(t, "card declined", rec.Error)
+		require.True(t, rec.ExpiresAt.IsZero(), "no retention: kept forever")
+
+		for _, st := range []inbox.Status{inbox.StatusProcessing, inbox.StatusPending, "bogus"} {
+			_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", string(st)), PayloadHash: hash("x"), Status: st})
+			require.ErrorIs(t, err, inbox.ErrIllegalTransition, st)
+			_, err = b.store.Get(b.ctx, b.db, id("op", string(st)))
+			require.ErrorIs(t, err, inbox.ErrNotFound, "a refused claim inserts nothing")
+		}
 	})
 
 	t.Run("KeysCompareByteForByte", func(t *testing.T) {
@@ -116,9 +91,10 @@ func runStore(t *testing.T, h Harness) {
 		b := setup(t, h)
 		// A case-insensitive or PAD SPACE collation would fold these together.
 		for _, k := range []string{"Order-1", "order-1", "order-1 ", "ORDER-1", "órder-1"} {
-			res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{Operation: "op", Key: k, PayloadHash: hash(k)})
+			res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", k), PayloadHash: hash(k)})
 			require.NoError(t, err, k)
 			require.True(t, res.Claimed, k)
+			require.Equal(t, k, b.get(t, id("op", k)).Key)
 		}
 		require.Equal(t, 5, b.records(t))
 	})
@@ -126,87 +102,95 @@ func runStore(t *testing.T, h Harness) {
 	t.Run("ScopesAndOperationsAreSeparate", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, h)
-		for _, p := range []inbox.ClaimParams{
+		for _, k := range []inbox.ID{
 			{Scope: "tenant-a", Operation: "op", Key: "k"},
 			{Scope: "tenant-b", Operation: "op", Key: "k"},
 			{Scope: "tenant-a", Operation: "other", Key: "k"},
 			{Operation: "op", Key: "k"},
 		} {
-			p.PayloadHash = hash("x")
-			res, err := b.store.Claim(b.ctx, b.db, p)
+			res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: k, PayloadHash: hash("x")})
 			require.NoError(t, err)
-			require.True(t, res.Claimed, "%+v", p)
+			require.True(t, res.Claimed, "%+v", k)
 		}
 	})
 
-	t.Run("InvalidIdentityIsRejected", func(t *testing.T) {
+	t.Run("InvalidInputIsRejected", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, h)
-		for name, p := range map[string]inbox.ClaimParams{
+		for name, k := range map[string]inbox.ID{
 			"empty key":       {Operation: "op", Key: ""},
 			"empty operation": {Operation: "", Key: "k"},
 			"long key":        {Operation: "op", Key: strings.Repeat("k", inbox.MaxKeyLen+1)},
 			"long scope":      {Scope: strings.Repeat("s", inbox.MaxScopeLen+1), Operation: "op", Key: "k"},
+			"long operation":  {Operation: strings.Repeat("o", inbox.MaxOperationLen+1), Key: "k"},
 			"NUL in key":      {Operation: "op", Key: "a\x00b"},
 			"bad UTF-8 key":   {Operation: "op", Key: "a\xffb"},
 		} {
-			p.PayloadHash = hash("x")
-			_, err := b.store.Claim(b.ctx, b.db, p)
+			require.ErrorIs(t, k.Validate(), inbox.ErrInvalidKey, name)
+			_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: k, PayloadHash: hash("x")})
 			require.ErrorIs(t, err, inbox.ErrInvalidKey, name)
 		}
-		// The longest valid key fits every dialect's column.
-		res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{
-			Scope: strings.Repeat("s", inbox.MaxScopeLen), Operation: strings.Repeat("o", inbox.MaxOperationLen),
-			Key: strings.Repeat("é", inbox.MaxKeyLen/2), PayloadHash: hash("x")})
+		for name, h := range map[string][]byte{"no hash": nil, "long hash": make([]byte, inbox.MaxPayloadHashLen+1)} {
+			_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "k"), PayloadHash: h})
+			require.Error(t, err, name)
+		}
+		require.Zero(t, b.records(t))
+
+		// The longest valid identity fits every dialect's columns, and a
+		// correlation ID that could not be stored is dropped rather than
+		// failing the claim.
+		longest := inbox.ID{Scope: strings.Repeat("s", inbox.MaxScopeLen), Operation: strings.Repeat("o", inbox.MaxOperationLen),
+			Key: strings.Repeat("é", inbox.MaxKeyLen/2)}
+		res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: longest, PayloadHash: make([]byte, inbox.MaxPayloadHashLen),
+			CorrelationID: strings.Repeat("c", inbox.MaxCorrelationIDLen+1)})
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
-		require.Equal(t, 1, b.records(t))
+		rec := b.get(t, longest)
+		require.Equal(t, longest, rec.ID)
+		require.Empty(t, rec.CorrelationID)
 	})
 
-	t.Run("FinishIsFencedByAttempt", func(t *testing.T) {
+	t.Run("SaveOutputStoresTheResult", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, h)
-		p := inbox.ClaimParams{Operation: "op", Key: "k", PayloadHash: hash("x"), LeaseOwner: "w1",
-			LeaseUntil: time.Now().Add(time.Minute)}
-		_, err := b.store.Claim(b.ctx, b.db, p)
+		// On a clock that stands still, so that saving the same output
+		// again changes no value at all (MySQL then counts no row).
+		b := setupWith(t, h, onClock(newFixedClock()))
+		tx, err := b.store.BeginTx(b.ctx, nil)
 		require.NoError(t, err)
-
-		err = b.store.Finish(b.ctx, b.db, inbox.FinishParams{Operation: "op", Key: "k", Attempt: 2,
-			To: inbox.StatusCompleted, Result: []byte("late")})
-		require.ErrorIs(t, err, inbox.ErrLeaseLost)
-		rec, err := b.store.Get(b.ctx, b.db, "", "op", "k")
+		defer func() { _ = tx.Rollback() }()
+		res, err := b.store.Claim(b.ctx, tx, inbox.ClaimParams{ID: id("op", "k"), PayloadHash: hash("x")})
 		require.NoError(t, err)
-		require.Equal(t, inbox.StatusProcessing, rec.Status)
-		require.Equal(t, "w1", rec.LeaseOwner)
-		require.Nil(t, rec.Result)
-
-		err = b.store.Finish(b.ctx, b.db, inbox.FinishParams{Operation: "op", Key: "k", Attempt: 1,
-			To: inbox.StatusCompleted, Result: []byte("done"), ResourceID: "order-9", ExternalRef: "ch_1"})
-		require.NoError(t, err)
-		rec, err = b.store.Get(b.ctx, b.db, "", "op", "k")
-		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.NoError(t, b.store.SaveOutput(b.ctx, tx, res.Record, []byte("output")))
+		require.Equal(t, []byte("output"), res.Record.Result)
+		// Saving it again (a retried statement) is no error.
+		require.NoError(t, b.store.SaveOutput(b.ctx, tx, res.Record, []byte("output")))
+		require.NoError(t, tx.Commit())
+		rec := b.get(t, id("op", "k"))
+		require.Equal(t, []byte("output"), rec.Result)
 		require.Equal(t, inbox.StatusCompleted, rec.Status)
-		require.Equal(t, []byte("done"), rec.Result)
-		require.Equal(t, "order-9", rec.ResourceID)
-		require.Equal(t, "ch_1", rec.ExternalRef)
-		require.Empty(t, rec.LeaseOwner)
-		require.True(t, rec.LeaseUntil.IsZero())
 
-		err = b.store.Finish(b.ctx, b.db, inbox.FinishParams{Operation: "op", Key: "missing", Attempt: 1,
-			To: inbox.StatusCompleted})
-		require.ErrorIs(t, err, inbox.ErrNotFound)
+		res, err = b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "f"), PayloadHash: hash("x"), Status: inbox.StatusFailed})
+		require.NoError(t, err)
+		require.ErrorIs(t, b.store.SaveOutput(b.ctx, b.db, res.Record, []byte("x")), inbox.ErrIllegalTransition)
+		require.Nil(t, b.get(t, id("op", "f")).Result)
+
+		gone := *res.Record
+		gone.ID = id("op", "missing")
+		gone.Status = inbox.StatusCompleted
+		require.ErrorIs(t, b.store.SaveOutput(b.ctx, b.db, &gone, []byte("x")), inbox.ErrNotFound)
 	})
 
 	t.Run("GetAndDelete", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, h)
-		_, err := b.store.Get(b.ctx, b.db, "", "op", "k")
+		_, err := b.store.Get(b.ctx, b.db, id("op", "k"))
 		require.ErrorIs(t, err, inbox.ErrNotFound)
-		_, err = b.store.Claim(b.ctx, b.db, inbox.ClaimParams{Operation: "op", Key: "k", PayloadHash: hash("x")})
+		_, err = b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "k"), PayloadHash: hash("x")})
 		require.NoError(t, err)
-		require.NoError(t, b.store.Delete(b.ctx, b.db, "", "op", "k"))
-		require.ErrorIs(t, b.store.Delete(b.ctx, b.db, "", "op", "k"), inbox.ErrNotFound)
-		res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{Operation: "op", Key: "k", PayloadHash: hash("y")})
+		require.NoError(t, b.store.Delete(b.ctx, b.db, id("op", "k")))
+		require.ErrorIs(t, b.store.Delete(b.ctx, b.db, id("op", "k")), inbox.ErrNotFound)
+		res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "k"), PayloadHash: hash("y")})
 		require.NoError(t, err)
 		require.True(t, res.Claimed, "a deleted record no longer holds its key")
 	})
@@ -220,10 +204,10 @@ func runStore(t *testing.T, h Harness) {
 			winners int
 			errs    []error
 		)
-		for range h.Concurrency {
+		for i := range h.Concurrency {
 			wg.Go(func() {
 				for {
-					claimed, err := b.claimInTx()
+					claimed, err := b.claimInTx(fmt.Sprintf("delivery-%d", i))
 					if inbox.IsRetryable(err) {
 						continue // a deadlock or busy database: try again, as a redelivery would
 					}
@@ -243,6 +227,9 @@ func runStore(t *testing.T, h Harness) {
 		require.Empty(t, errs)
 		require.Equal(t, 1, winners)
 		require.Equal(t, 1, b.records(t))
+		var effects int
+		require.NoError(t, b.db.QueryRowContext(b.ctx, "SELECT COUNT(*) FROM "+b.effects).Scan(&effects))
+		require.Equal(t, 1, effects, "only the winner's work committed")
 	})
 
 	t.Run("RolledBackClaimFreesTheKey", func(t *testing.T) {
@@ -250,30 +237,146 @@ func runStore(t *testing.T, h Harness) {
 		b := setup(t, h)
 		tx, err := b.db.BeginTx(b.ctx, nil)
 		require.NoError(t, err)
-		res, err := b.store.Claim(b.ctx, tx, inbox.ClaimParams{Operation: "op", Key: "k", PayloadHash: hash("x")})
+		res, err := b.store.Claim(b.ctx, tx, inbox.ClaimParams{ID: id("op", "k"), PayloadHash: hash("x")})
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 		require.NoError(t, tx.Rollback())
-		res, err = b.store.Claim(b.ctx, b.db, inbox.ClaimParams{Operation: "op", Key: "k", PayloadHash: hash("y")})
+		res, err = b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "k"), PayloadHash: hash("y")})
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 	})
+
+	t.Run("RecordsReadBackAsReturned", func(t *testing.T) {
+		// The record a write returns is the one a later read finds: times
+		// at the databases' microsecond precision, however finely the
+		// clock (or a duration) runs, and whatever the driver does with
+		// the nanoseconds (pq and MySQL round them, pgx drops them).
+		t.Parallel()
+		clk := newFixedClock()
+		clk.Advance(700 * time.Nanosecond) // past half a microsecond: rounding would go up
+		b := setupWith(t, h, onClock(clk))
+		same := func(t *testing.T, want, got *inbox.Record) {
+			t.Helper()
+			require.WithinDuration(t, want.CreatedAt, got.CreatedAt, 0, "created_at")
+			require.WithinDuration(t, want.UpdatedAt, got.UpdatedAt, 0, "updated_at")
+			require.WithinDuration(t, want.LeaseUntil, got.LeaseUntil, 0, "lease_until")
+			require.WithinDuration(t, want.ExpiresAt, got.ExpiresAt, 0, "expires_at")
+			require.Equal(t, want.Retention(), got.Retention())
+		}
+		res, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id("op", "claimed"), PayloadHash: hash("x"),
+			Retention: time.Hour + 999*time.Nanosecond})
+		require.NoError(t, err)
+		same(t, res.Record, b.get(t, id("op", "claimed")))
+
+		rr, err := b.store.Reserve(b.ctx, inbox.ReserveParams{ID: id("op", "reserved"), PayloadHash: hash("x"), Owner: "w1",
+			Lease: time.Minute + 999*time.Nanosecond, Retention: time.Hour})
+		require.NoError(t, err)
+		require.NotNil(t, rr.Lease)
+		stored := b.get(t, id("op", "reserved"))
+		same(t, rr.Record, stored)
+		require.WithinDuration(t, stored.LeaseUntil, rr.Lease.Until(), 0)
+
+		clk.Advance(time.Second + 300*time.Nanosecond)
+		require.NoError(t, rr.Lease.Extend(b.ctx, time.Minute+555*time.Nanosecond))
+		require.WithinDuration(t, b.get(t, id("op", "reserved")).LeaseUntil, rr.Lease.Until(), 0)
+	})
+
+	t.Run("WithSavepoint", func(t *testing.T) {
+		t.Parallel()
+		for _, own := range []bool{true, false} {
+			name := "sql.Tx"
+			if own {
+				name = "Store.BeginTx"
+			}
+			t.Run(name, func(t *testing.T) { b := setup(t, h); b.savepoints(t, own) })
+		}
+	})
 }
 
-// claimInTx claims one fixed key in a transaction that holds the row for a
-// moment before committing, so that the other claimers queue behind it.
-func (b *bundle) claimInTx() (bool, error) {
+// savepoints checks Store.WithSavepoint in one transaction: a store's own
+// (own) or a plain *sql.Tx.
+func (b *bundle) savepoints(t *testing.T, own bool) {
+	var tx interface {
+		inbox.DBTX
+		Commit() error
+		Rollback() error
+	}
+	if own {
+		stx, err := b.store.BeginTx(b.ctx, nil)
+		require.NoError(t, err)
+		tx = stx
+	} else {
+		stx, err := b.db.BeginTx(b.ctx, nil)
+		require.NoError(t, err)
+		tx = stx
+	}
+	defer func() { _ = tx.Rollback() }()
+	work := func(key string) error {
+		if _, err := b.store.Claim(b.ctx, tx, inbox.ClaimParams{ID: id("op", key), PayloadHash: hash(key)}); err != nil {
+			return err
+		}
+		return b.effect(b.ctx, tx, key, "")
+	}
+	require.NoError(t, work("before"))
+
+	require.NoError(t, b.store.WithSavepoint(b.ctx, tx, func() error { return work("kept") }))
+
+	boom := errors.New("boom")
+	err := b.store.WithSavepoint(b.ctx, tx, func() error {
+		require.NoError(t, work("failed"))
+		return boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.NotErrorIs(t, err, inbox.ErrTxAborted)
+
+	require.PanicsWithValue(t, "handler panic", func() {
+		_ = b.store.WithSavepoint(b.ctx, tx, func() error {
+			require.NoError(t, work("panicked"))
+			panic("handler panic")
+		})
+	}, "the panic goes on")
+
+	// A statement that fails inside the savepoint (PostgreSQL then refuses
+	// every statement until the rollback to the savepoint).
+	err = b.store.WithSavepoint(b.ctx, tx, func() error {
+		require.NoError(t, work("statement-failed"))
+		_, err := tx.ExecContext(b.ctx, "INSERT INTO "+b.table+"_no_such_table (x) VALUES (1)")
+		return err
+	})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, inbox.ErrTxAborted)
+
+	require.NoError(t, work("after"), "the outer transaction is still usable")
+	require.NoError(t, tx.Commit())
+
+	for key, want := range map[string]int{"before": 1, "kept": 1, "after": 1, "failed": 0, "panicked": 0, "statement-failed": 0} {
+		require.Equal(t, want, b.countEffects(t, key), key)
+		_, err := b.store.Get(b.ctx, b.db, id("op", key))
+		if want == 1 {
+			require.NoError(t, err, key)
+		} else {
+			require.ErrorIs(t, err, inbox.ErrNotFound, key)
+		}
+	}
+}
+
+// claimInTx claims one fixed key in a transaction that records an effect
+// and holds the row for a moment before committing, so that the other
+// claimers queue behind it.
+func (b *bundle) claimInTx(delivery string) (bool, error) {
 	tx, err := b.db.BeginTx(b.ctx, nil)
 	if err != nil {
 		return false, b.store.Classify(err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	res, err := b.store.Claim(b.ctx, tx, inbox.ClaimParams{Operation: "op", Key: "hot", PayloadHash: hash("x"),
-		Status: inbox.StatusCompleted})
+	res, err := b.store.Claim(b.ctx, tx, inbox.ClaimParams{ID: id("op", "hot"), PayloadHash: hash("x")})
 	if err != nil {
 		return false, err
 	}
 	if res.Claimed {
+		if err := b.effect(b.ctx, tx, delivery, ""); err != nil {
+			return false, b.store.Classify(err)
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return res.Claimed, b.store.Classify(tx.Commit())

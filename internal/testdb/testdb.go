@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +25,9 @@ import (
 	_ "modernc.org/sqlite"             // registers "sqlite"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/mysql"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
 
 // Kind names a database and driver combination.
@@ -61,11 +65,11 @@ func envOr(k, def string) string {
 func Dialect(kind Kind) inbox.Dialect {
 	switch kind {
 	case SQLite:
-		return inbox.SQLite()
+		return sqlite.Dialect()
 	case MySQL:
-		return inbox.MySQL()
+		return mysql.Dialect()
 	default:
-		return inbox.Postgres()
+		return postgres.Dialect()
 	}
 }
 
@@ -108,10 +112,14 @@ func Open(t testing.TB, kind Kind) *sql.DB {
 		failed[kind] = err
 		unreachable(t, kind, err)
 	}
-	// Enough for 32 concurrent deliveries plus parallel tests, well inside
-	// the servers' default connection limits even with two test binaries.
-	db.SetMaxOpenConns(40)
-	db.SetMaxIdleConns(40)
+	// Every test package is a binary of its own, and `go test ./...` runs
+	// as many at once as there are cores, all against one server whose
+	// max_connections (100 by default) other work shares too: each binary
+	// gets a small pool per kind (pq and pgx reach the same PostgreSQL).
+	// Concurrency tests still race 32 deliveries; they queue for these.
+	n := MaxConns()
+	db.SetMaxOpenConns(n)
+	db.SetMaxIdleConns(n)
 	shared[kind] = db
 	return db
 }
@@ -124,10 +132,19 @@ func unreachable(t testing.TB, kind Kind, err error) {
 	t.Skipf("%s is unreachable (set CI=1 to fail instead): %v", kind, err)
 }
 
-// OpenSQLite opens (creating) the SQLite file at path with inbox.SQLiteDSN.
+// MaxConns is the pool size of each shared server database in one test
+// binary: INBOXMILL_TEST_MAX_CONNS, default 10.
+func MaxConns() int {
+	if v, err := strconv.Atoi(os.Getenv("INBOXMILL_TEST_MAX_CONNS")); err == nil && v > 0 {
+		return v
+	}
+	return 10
+}
+
+// OpenSQLite opens (creating) the SQLite file at path with sqlite.DSN.
 func OpenSQLite(t testing.TB, path string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", inbox.SQLiteDSN(path))
+	db, err := sql.Open("sqlite", sqlite.DSN(path))
 	if err != nil {
 		t.Fatal(err)
 	}

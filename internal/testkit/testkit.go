@@ -11,7 +11,6 @@ import (
 	"database/sql"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,29 +18,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/inboxtest"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
-// Clock is the wall clock plus an offset that tests move forward, so that
-// leases expire without sleeping. Pass its Now as inbox.Config.Now; stores
-// sharing one Clock agree on time. The zero value is the wall clock, and a
-// Clock is safe for concurrent use.
-type Clock struct{ offset atomic.Int64 }
-
-// Now returns the wall clock's time plus every Advance so far.
-func (c *Clock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
+// Clock is inboxtest.Clock: the wall clock plus an offset tests move.
+type Clock = inboxtest.Clock
 
 // SQLiteStore returns an inbox store over a new SQLite file in t.TempDir()
-// (opened with inbox.SQLiteDSN), migrated, and its database. The store and
+// (opened with sqlite.DSN), migrated, and its database. The store and
 // the database are closed when the test ends; closing the database earlier,
 // as a test checking for leaked goroutines does, is fine.
 func SQLiteStore(t testing.TB, cfg inbox.Config) (*inbox.Store, *sql.DB) {
 	t.Helper()
 	db := testdb.Open(t, testdb.SQLite)
-	return MigratedStore(t, db, inbox.SQLite(), cfg), db
+	return MigratedStore(t, db, sqlite.Dialect(), cfg), db
 }
 
 // MigratedStore returns a store over db in dialect d, migrated, and closes

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 	"github.com/inboxmill/inboxmill/internal/testkit"
 )
 
@@ -67,14 +68,13 @@ func TestSQLiteStore(t *testing.T) {
 	require.Equal(t, "my_inbox", store.Table())
 	require.WithinDuration(t, clk.Now(), store.Now(), time.Minute)
 	ctx := context.Background()
-	_, err := store.Claim(ctx, db, inbox.ClaimParams{Operation: "op", Key: "k", PayloadHash: []byte{1},
-		Status: inbox.StatusCompleted})
+	_, err := store.Claim(ctx, db, inbox.ClaimParams{ID: inbox.ID{Operation: "op", Key: "k"}, PayloadHash: []byte{1}})
 	require.NoError(t, err, "the store is migrated")
 	var n int
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM my_inbox").Scan(&n))
 	require.Equal(t, 1, n)
 
-	other := testkit.MigratedStore(t, db, inbox.SQLite(), inbox.Config{Table: "other_inbox"})
+	other := testkit.MigratedStore(t, db, sqlite.Dialect(), inbox.Config{Table: "other_inbox"})
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM other_inbox").Scan(&n))
 	require.Zero(t, n)
 	require.Same(t, db, other.DB())

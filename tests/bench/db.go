@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/mysql"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 	"github.com/inboxmill/inboxmill/internal/testdb" // DSNs (and their environment overrides), drivers, table names
 )
 
@@ -21,9 +24,9 @@ type dialect struct {
 }
 
 var dialects = []dialect{
-	{name: "pg", driver: "pgx", inbox: inbox.Postgres()},
-	{name: "mysql", driver: "mysql", inbox: inbox.MySQL()},
-	{name: "sqlite", driver: "sqlite", inbox: inbox.SQLite()},
+	{name: "pg", driver: "pgx", inbox: postgres.Dialect()},
+	{name: "mysql", driver: "mysql", inbox: mysql.Dialect()},
+	{name: "sqlite", driver: "sqlite", inbox: sqlite.Dialect()},
 }
 
 func dialectByName(name string) (dialect, bool) {
@@ -105,7 +108,7 @@ func (b *bench) newFixture(ctx context.Context, d dialect, prefix string, conns 
 	dsn := ""
 	if d.name == "sqlite" {
 		f.file = filepath.Join(b.sqliteDir, testdb.UniqueName(prefix)+".db")
-		dsn = inbox.SQLiteDSN(f.file)
+		dsn = sqlite.DSN(f.file)
 	} else {
 		dsn = d.serverDSN()
 	}

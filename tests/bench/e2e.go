@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
@@ -78,7 +79,7 @@ func (b *bench) kafka(ctx context.Context) (err error) {
 // sqlQueue publishes msgs events per variant to a watermill-sql queue
 // topic on PostgreSQL and consumes them with one subscriber fetching one
 // message per transaction (SubscribeBatchSize 1, as JoinTx requires); the
-// middleware joins the consuming transaction (dedup.WatermillSQLTx). Acked
+// middleware joins the consuming transaction (watermillsql.Tx). Acked
 // messages are deleted: with the default acked flag every fetch walks past
 // all acked rows and the queue, not the handler, becomes what is measured.
 func (b *bench) sqlQueue(ctx context.Context) error {
@@ -114,7 +115,7 @@ func (b *bench) sqlQueue(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			return b.consumeOn(ctx, f, "sqlqueue_"+v, 1, sub, topic, dedup.WatermillSQLTx)
+			return b.consumeOn(ctx, f, "sqlqueue_"+v, 1, sub, topic, watermillsql.Tx)
 		}()
 		if err != nil {
 			return fmt.Errorf("%s: %w", v, err)
@@ -141,7 +142,7 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 	topic string, join dedup.TxJoiner) error {
 	handler := func(msg *message.Message) error {
 		// The transaction the transport consumes in, if it has one.
-		if tx, ok := dedup.WatermillSQLTx(msg.Context()); ok {
+		if tx, ok := watermillsql.Tx(msg.Context()); ok {
 			_, err := tx.ExecContext(msg.Context(), f.insert, eventID(msg), 100)
 			return err
 		}
@@ -160,9 +161,8 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 		if err != nil {
 			return err
 		}
-		cfg := dedupConfig(dedup.ModeTransactional)
+		cfg := dedupConfig(dedup.Transactional{JoinTx: join})
 		cfg.Operation = "" // the router's handler name
-		cfg.JoinTx = join
 		if d, err = dedup.New(store, cfg); err != nil {
 			return err
 		}

@@ -26,7 +26,7 @@ func (b *bench) growth(ctx context.Context, d dialect) error {
 	if err != nil {
 		return err
 	}
-	m, err := dedup.New(store, dedupConfig(dedup.ModeTransactional))
+	m, err := dedup.New(store, dedupConfig(dedup.Transactional{}))
 	if err != nil {
 		return err
 	}

@@ -166,8 +166,7 @@ func planInboxmill(ctx context.Context, f *fixture, duplicates bool, readFirst d
 	if err != nil {
 		return plan{}, err
 	}
-	cfg := dedupConfig(dedup.ModeTransactional)
-	cfg.ReadFirst = readFirst
+	cfg := dedupConfig(dedup.Transactional{ReadFirst: readFirst})
 	d, err := dedup.New(store, cfg)
 	if err != nil {
 		return plan{}, err
@@ -190,7 +189,7 @@ func planReserve(ctx context.Context, f *fixture) (plan, error) {
 	if err != nil {
 		return plan{}, err
 	}
-	d, err := dedup.New(store, dedupConfig(dedup.ModeReserve))
+	d, err := dedup.New(store, dedupConfig(dedup.Reserve{}))
 	if err != nil {
 		return plan{}, err
 	}

@@ -391,7 +391,7 @@ func (e *env) replay(events map[string]string) {
 	sort.Strings(ids)
 	var forgotten int
 	for i := 0; i < len(ids); i += 97 {
-		require.NoError(t, e.store.Delete(e.ctx, e.db, events[ids[i]], handlerName, ids[i]))
+		require.NoError(t, e.store.Delete(e.ctx, e.db, inbox.ID{Scope: events[ids[i]], Operation: handlerName, Key: ids[i]}))
 		forgotten++
 	}
 

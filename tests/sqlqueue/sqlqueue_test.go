@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
@@ -142,7 +143,7 @@ func TestQueueExactlyOnce(t *testing.T) {
 				if !ok {
 					return errors.New("no transaction")
 				}
-				consuming, _ := dedup.WatermillSQLTx(msg.Context())
+				consuming, _ := watermillsql.Tx(msg.Context())
 				if consuming != tx {
 					return errors.New("the handler does not run in the consuming transaction")
 				}
@@ -172,7 +173,7 @@ func TestQueueExactlyOnce(t *testing.T) {
 			defer cancel()
 			var routers sync.WaitGroup
 			for range 2 {
-				d, err := dedup.New(e.store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), JoinTx: dedup.WatermillSQLTx})
+				d, err := dedup.New(e.store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Mode: dedup.Transactional{JoinTx: watermillsql.Tx}})
 				require.NoError(t, err)
 				ds = append(ds, d)
 				r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
@@ -224,7 +225,7 @@ func TestQueueBatchIsRefused(t *testing.T) {
 				require.NoError(t, pub.Publish(e.topic, event(fmt.Sprintf("evt-%d", i), `{}`)))
 			}
 			d, err := dedup.New(e.store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "apply",
-				JoinTx: dedup.WatermillSQLTx})
+				Mode: dedup.Transactional{JoinTx: watermillsql.Tx}})
 			require.NoError(t, err)
 			h := d.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 
@@ -264,7 +265,7 @@ func TestQueueConflictGoesToThePoisonQueue(t *testing.T) {
 			require.NoError(t, err)
 			pq, err := middleware.PoisonQueueWithFilter(poisonPub, "poison", dedup.IsPoison)
 			require.NoError(t, err)
-			d, err := dedup.New(e.store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), JoinTx: dedup.WatermillSQLTx})
+			d, err := dedup.New(e.store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Mode: dedup.Transactional{JoinTx: watermillsql.Tx}})
 			require.NoError(t, err)
 			var calls atomic.Int64
 			r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
@@ -294,7 +295,7 @@ func TestQueueConflictGoesToThePoisonQueue(t *testing.T) {
 			require.Eventually(t, func() bool { return d.Stats().Executed == 2 }, time.Minute, 10*time.Millisecond)
 			require.EqualValues(t, 2, calls.Load())
 			require.Equal(t, map[string]int{"evt-1": 1, "evt-2": 1}, e.effectsPerEvent(t))
-			rec, err := e.store.Get(context.Background(), e.db, "", "pay", "evt-1")
+			rec, err := e.store.Get(context.Background(), e.db, inbox.ID{Operation: "pay", Key: "evt-1"})
 			require.NoError(t, err)
 			require.Equal(t, inbox.StatusCompleted, rec.Status)
 		})

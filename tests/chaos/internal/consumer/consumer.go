@@ -30,8 +30,10 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
 	"github.com/inboxmill/inboxmill/dedup"
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/dedup/watermillsql"
+	"github.com/inboxmill/inboxmill/handlers/reconcile"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
 )
 
@@ -175,7 +177,7 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 	defer db.Close()
 	db.SetMaxOpenConns(cfg.pool)
 	db.SetMaxIdleConns(cfg.pool)
-	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: cfg.inboxTable})
+	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: cfg.inboxTable})
 	if err != nil {
 		return err
 	}
@@ -233,19 +235,18 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 			ResendInterval: 20 * time.Millisecond,
 			RetryInterval:  50 * time.Millisecond,
 		}, logger)
-		dcfg.JoinTx = dedup.WatermillSQLTx
+		dcfg.Mode = dedup.Transactional{JoinTx: watermillsql.Tx}
 	}
 	if err != nil {
 		return fmt.Errorf("subscriber: %w", err)
 	}
 
 	if cfg.mode == wire.KafkaReserve {
-		dcfg.Mode = dedup.ModeReserve
-		dcfg.Lease, dcfg.HeartbeatInterval = lease, heartbeat
-		dcfg.InFlightWait, dcfg.InFlightPoll = inFlightWait, 50*time.Millisecond
+		dcfg.Mode = dedup.Reserve{Lease: lease, HeartbeatInterval: heartbeat,
+			InFlightWait: inFlightWait, InFlightPoll: 50 * time.Millisecond}
 		api := newProviderClient(cfg.provider)
 		h = chargeHandler(api, ks)
-		rec, err := handlers.NewReconciler(store, handlers.ReconcilerConfig{
+		rec, err := reconcile.New(store, reconcile.Config{
 			Resolve:    resolver(api),
 			Interval:   reconcileInterval,
 			StaleAfter: staleAfter,

@@ -18,7 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/dedup"
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/handlers/reconcile"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
 )
@@ -98,16 +98,16 @@ func chargeHandler(api *providerClient, ks *killSwitch) message.NoPublishHandler
 // resolver is the reconciler's question to the provider: was this intent
 // charged? The provider refuses requests that arrive after their client gave
 // up, so "no charge" after the handler recorded its outcome is final.
-func resolver(api *providerClient) handlers.ResolveFunc {
-	return func(ctx context.Context, rec *inbox.Record) (handlers.Resolution, error) {
-		found, err := api.find(ctx, dedup.IdempotencyKeyOf(rec))
+func resolver(api *providerClient) reconcile.ResolveFunc {
+	return func(ctx context.Context, rec *inbox.Record) (reconcile.Resolution, error) {
+		found, err := api.find(ctx, rec.IdempotencyKey())
 		switch {
 		case err != nil:
-			return handlers.Resolution{}, err
+			return reconcile.Resolution{}, err
 		case len(found) > 0:
-			return handlers.Resolution{Verdict: handlers.Succeeded, ExternalRef: found[0].ID}, nil
+			return reconcile.Resolution{Verdict: reconcile.Succeeded, ExternalRef: found[0].ID}, nil
 		default:
-			return handlers.Resolution{Verdict: handlers.NotHappened}, nil
+			return reconcile.Resolution{Verdict: reconcile.NotHappened}, nil
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
 )
 
@@ -186,7 +187,7 @@ func (m *modeRun) planFaults() {
 
 func (m *modeRun) setup(ctx context.Context) error {
 	db := m.r.db
-	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: m.inboxTable})
+	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: m.inboxTable})
 	if err != nil {
 		return err
 	}

@@ -22,7 +22,7 @@ const (
 	// the effect is a charge at the fake payment provider.
 	KafkaReserve = "kafka-reserve"
 	// SQLQueue: watermill-sql PostgreSQL queue, transactional mode joined to
-	// the consuming transaction (dedup.WatermillSQLTx).
+	// the consuming transaction (watermillsql.Tx).
 	SQLQueue = "sql-queue"
 )
 

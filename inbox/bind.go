@@ -1,0 +1,151 @@
+package inbox
+
+import (
+	"fmt"
+	"time"
+)
+
+// params are the values a statement can bind, by [Arg]. Each store method
+// fills the ones its statement documents; bind picks them in the order the
+// dialect's placeholders want.
+type params struct {
+	id                                           ID
+	payloadHash                                  []byte
+	status, fromStatus                           Status
+	attempt                                      int64
+	leaseOwner                                   string
+	leaseUntil                                   time.Time
+	result                                       []byte
+	resourceID, correlationID, externalRef, errS string
+	createdAt, updatedAt, expiresAt, now, before time.Time
+	limit                                        int
+	version                                      int
+	name, lockName                               string
+}
+
+// stmt is a rendered query ready to run: its SQL and its args' order.
+type stmt Query
+
+func (s *Store) bind(q stmt, p *params) []any {
+	if len(q.Args) == 0 {
+		return nil
+	}
+	args := make([]any, len(q.Args))
+	for i, a := range q.Args {
+		args[i] = s.arg(a, p)
+	}
+	return args
+}
+
+func (s *Store) arg(a Arg, p *params) any {
+	switch a {
+	case ArgScope:
+		return p.id.Scope
+	case ArgOperation:
+		return p.id.Operation
+	case ArgKey:
+		return p.id.Key
+	case ArgPayloadHash:
+		return p.payloadHash
+	case ArgStatus:
+		return string(p.status)
+	case ArgFromStatus:
+		return string(p.fromStatus)
+	case ArgAttempt:
+		return p.attempt
+	case ArgLeaseOwner:
+		return p.leaseOwner
+	case ArgLeaseUntil:
+		return s.timeArg(p.leaseUntil)
+	case ArgResult:
+		if p.result == nil {
+			return nil
+		}
+		return p.result
+	case ArgResourceID:
+		return p.resourceID
+	case ArgCorrelationID:
+		return p.correlationID
+	case ArgExternalRef:
+		return p.externalRef
+	case ArgError:
+		return p.errS
+	case ArgCreatedAt:
+		return s.timeArg(p.createdAt)
+	case ArgUpdatedAt:
+		return s.timeArg(p.updatedAt)
+	case ArgExpiresAt:
+		return s.timeArg(p.expiresAt)
+	case ArgNow:
+		return s.timeArg(p.now)
+	case ArgBefore:
+		return s.timeArg(p.before)
+	case ArgLimit:
+		return p.limit
+	case ArgVersion:
+		return p.version
+	case ArgName:
+		return p.name
+	case ArgLockName:
+		return p.lockName
+	}
+	// NewStore checked every query's args.
+	panic(fmt.Sprintf("inbox: unknown %v", a))
+}
+
+func (s *Store) timeArg(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return s.dialect.TimeArg(dbTime(t))
+}
+
+// queries holds every statement of the store's table, rendered once.
+type queries struct {
+	insert, selectForClaim, selectOne, finish, takeOver, extendLease       stmt
+	selectPending, selectStale, unfinishedStats, oldestExpired, purge, del stmt
+	clock, savepoint, releaseSavepoint, rollbackToSavepoint                stmt
+	createMigrations, migrationsExist, selectMigrations, selectMigration   stmt
+	insertMigration, deleteMigration, lockMigrations, unlockMigrations     stmt
+}
+
+func loadQueries(q Queries) (queries, error) {
+	var out queries
+	var errs []error
+	get := func(dst *stmt, name string, src Query) {
+		if src.SQL == "" {
+			errs = append(errs, fmt.Errorf("%w: dialect query %s is empty", ErrInvalidConfig, name))
+		}
+		for _, a := range src.Args {
+			if a <= 0 || a >= argEnd {
+				errs = append(errs, fmt.Errorf("%w: dialect query %s binds unknown %v", ErrInvalidConfig, name, a))
+			}
+		}
+		*dst = stmt(src)
+	}
+	get(&out.insert, "Insert", q.Insert())
+	get(&out.selectForClaim, "SelectForClaim", q.SelectForClaim())
+	get(&out.selectOne, "Select", q.Select())
+	get(&out.finish, "Finish", q.Finish())
+	get(&out.takeOver, "TakeOver", q.TakeOver())
+	get(&out.extendLease, "ExtendLease", q.ExtendLease())
+	get(&out.selectPending, "SelectPending", q.SelectPending())
+	get(&out.selectStale, "SelectStale", q.SelectStale())
+	get(&out.unfinishedStats, "UnfinishedStats", q.UnfinishedStats())
+	get(&out.oldestExpired, "OldestExpired", q.OldestExpired())
+	get(&out.purge, "Purge", q.Purge())
+	get(&out.del, "Delete", q.Delete())
+	get(&out.clock, "Clock", q.Clock())
+	get(&out.savepoint, "Savepoint", q.Savepoint())
+	get(&out.releaseSavepoint, "ReleaseSavepoint", q.ReleaseSavepoint())
+	get(&out.rollbackToSavepoint, "RollbackToSavepoint", q.RollbackToSavepoint())
+	get(&out.createMigrations, "CreateMigrationsTable", q.CreateMigrationsTable())
+	get(&out.migrationsExist, "MigrationsTableExists", q.MigrationsTableExists())
+	get(&out.selectMigrations, "SelectMigrations", q.SelectMigrations())
+	get(&out.selectMigration, "SelectMigration", q.SelectMigration())
+	get(&out.insertMigration, "InsertMigration", q.InsertMigration())
+	get(&out.deleteMigration, "DeleteMigration", q.DeleteMigration())
+	get(&out.lockMigrations, "LockMigrations", q.LockMigrations())
+	get(&out.unlockMigrations, "UnlockMigrations", q.UnlockMigrations())
+	return out, joinErrs(errs)
+}

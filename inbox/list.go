@@ -1,0 +1,126 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// ListPending returns up to limit pending records, least recently updated
+// first.
+func (s *Store) ListPending(ctx context.Context, limit int) ([]*Record, error) {
+	return s.list(ctx, "list pending", s.q.selectPending, &params{limit: limit})
+}
+
+// ListStale returns up to limit processing records whose lease has expired
+// (or was released) and that nobody updated since updatedBefore: their
+// worker is gone and no redelivery took them over.
+func (s *Store) ListStale(ctx context.Context, updatedBefore time.Time, limit int) ([]*Record, error) {
+	return s.list(ctx, "list stale", s.q.selectStale, &params{now: s.now(), before: updatedBefore, limit: limit})
+}
+
+func (s *Store) list(ctx context.Context, what string, st stmt, p *params) ([]*Record, error) {
+	rows, err := s.query(ctx, s.db, st, p)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
+	}
+	defer rows.Close()
+	var out []*Record
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: %s: %w", what, err)
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
+	}
+	return out, nil
+}
+
+// Stats describes the unfinished part of the inbox.
+type Stats struct {
+	Processing int64
+	Pending    int64
+	// OldestPending is when the oldest pending record was first claimed;
+	// zero when none is pending.
+	OldestPending time.Time
+	// OldestExpired is the earliest expires_at of a finished record not yet
+	// purged; zero when none. now minus it is the purge lag.
+	OldestExpired time.Time
+}
+
+// Stats counts processing and pending records and reports the purge lag.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	rows, err := s.query(ctx, s.db, s.q.unfinishedStats, &params{})
+	if err != nil {
+		return st, fmt.Errorf("inbox: stats: %w", s.Classify(err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			status string
+			n      int64
+			oldest time.Time
+		)
+		if err := rows.Scan(&status, &n, timeCol{&oldest}); err != nil {
+			return st, fmt.Errorf("inbox: stats: %w", err)
+		}
+		switch Status(status) {
+		case StatusProcessing:
+			st.Processing = n
+		case StatusPending:
+			st.Pending, st.OldestPending = n, oldest
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("inbox: stats: %w", s.Classify(err))
+	}
+	if err := s.queryRow(ctx, s.db, s.q.oldestExpired, &params{}).Scan(timeCol{&st.OldestExpired}); err != nil {
+		return st, fmt.Errorf("inbox: stats: %w", s.Classify(err))
+	}
+	return st, nil
+}
+
+// WithSavepoint runs fn inside a savepoint of tx, the caller's transaction:
+// the savepoint is released when fn returns nil and rolled back to when fn
+// returns an error or panics (the panic goes on), so fn's writes are kept
+// or undone without ending tx. When a savepoint statement fails — the
+// database ended the transaction (a MySQL deadlock rolls it back whole) —
+// the error wraps [ErrTxAborted]: tx must not be written through again.
+func (s *Store) WithSavepoint(ctx context.Context, tx DBTX, fn func() error) (err error) {
+	if _, err := s.exec(ctx, tx, s.q.savepoint, &params{}); err != nil {
+		return fmt.Errorf("inbox: savepoint: %w", s.Classify(err))
+	}
+	undo := func(cause error) error {
+		// A context already cancelled still needs the rollback to run.
+		rctx := context.WithoutCancel(ctx)
+		if _, rerr := s.exec(rctx, tx, s.q.rollbackToSavepoint, &params{}); rerr != nil {
+			return joinErrs([]error{cause, fmt.Errorf("%w: rollback to savepoint: %w", ErrTxAborted, rerr)})
+		}
+		if _, rerr := s.exec(rctx, tx, s.q.releaseSavepoint, &params{}); rerr != nil {
+			return joinErrs([]error{cause, fmt.Errorf("%w: release savepoint: %w", ErrTxAborted, rerr)})
+		}
+		return cause
+	}
+	panicked := true
+	defer func() {
+		if panicked {
+			_ = undo(nil)
+		}
+	}()
+	ferr := fn()
+	panicked = false
+	if ferr != nil {
+		return undo(ferr)
+	}
+	if _, rerr := s.exec(ctx, tx, s.q.releaseSavepoint, &params{}); rerr != nil {
+		return fmt.Errorf("%w: release savepoint: %w", ErrTxAborted, s.Classify(rerr))
+	}
+	return nil
+}
+
+var _ DBTX = (*sql.Tx)(nil)

@@ -1,0 +1,212 @@
+// Package postgres is the inbox dialect of PostgreSQL: its SQL, its schema
+// migrations and the classification of its errors. It works with both
+// github.com/lib/pq and github.com/jackc/pgx/v5/stdlib and imports
+// neither: the program picks its driver.
+//
+//	db, err := sql.Open("pgx", dsn) // import _ "github.com/jackc/pgx/v5/stdlib"
+//	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{})
+package postgres
+
+import (
+	"embed"
+	"errors"
+	"io/fs"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// Dialect returns the PostgreSQL dialect.
+func Dialect() inbox.Dialect { return dialect{} }
+
+type dialect struct{}
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+func (dialect) Name() string { return "postgres" }
+
+func (dialect) Capabilities() inbox.Capabilities {
+	// pgx caches prepared statements itself, and named statements do not
+	// survive PgBouncer in transaction mode: no preparing by default.
+	return inbox.Capabilities{MigrationLock: true}
+}
+
+func (dialect) Migrations() fs.FS {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	return sub
+}
+
+func (dialect) Placeholder(n int) string { return "$" + strconv.Itoa(n) }
+
+func (dialect) TimeArg(t time.Time) any { return t.UTC() }
+
+func (dialect) Queries(table string) inbox.Queries { return queries{t: table} }
+
+// sqlStater is implemented by the errors of lib/pq and pgx.
+type sqlStater interface{ SQLState() string }
+
+func (dialect) Classify(err error) error {
+	var se sqlStater
+	if !errors.As(err, &se) {
+		return err
+	}
+	switch code := se.SQLState(); {
+	case code == "40001", // serialization_failure
+		code == "40P01",               // deadlock_detected
+		code == "55P03",               // lock_not_available
+		code == "57P01",               // admin_shutdown (pg_terminate_backend)
+		code == "57P02",               // crash_shutdown
+		code == "57P03",               // cannot_connect_now
+		code == "53300",               // too_many_connections
+		code == "25006",               // read_only_sql_transaction: a standby, before failover completes
+		strings.HasPrefix(code, "08"): // connection exceptions
+		return inbox.Transient(err)
+	}
+	return err
+}
+
+type queries struct{ t string }
+
+func (q queries) q(sql string, args ...inbox.Arg) inbox.Query {
+	return inbox.Query{SQL: inbox.MustRenderSQL(sql, q.t), Args: args}
+}
+
+// The ID's columns, as placeholders $1..$3 bind them.
+var idArgs = []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey}
+
+func with(args ...inbox.Arg) []inbox.Arg { return append(append([]inbox.Arg{}, idArgs...), args...) }
+
+var cols = inbox.RecordColumns("key")
+
+func (q queries) Insert() inbox.Query {
+	// ON CONFLICT DO NOTHING, not a plain INSERT: a unique violation would
+	// abort the whole transaction, and with it the caller's work when the
+	// claim joins the caller's transaction.
+	return q.q(`INSERT INTO {{table}} (scope, operation, key, payload_hash, status, attempt, lease_owner,
+	lease_until, correlation_id, error, created_at, updated_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, 1, NULLIF($6, ''), $7, NULLIF($8, ''), NULLIF($9, ''), $10, $11, $12)
+ON CONFLICT (scope, operation, key) DO NOTHING`,
+		with(inbox.ArgPayloadHash, inbox.ArgStatus, inbox.ArgLeaseOwner, inbox.ArgLeaseUntil, inbox.ArgCorrelationID,
+			inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt)...)
+}
+
+func (q queries) SelectForClaim() inbox.Query {
+	// Under READ COMMITTED every statement sees the latest commit; under
+	// REPEATABLE READ the Insert already failed with a serialization error
+	// when the conflicting row was invisible, so a plain read will do.
+	return q.Select()
+}
+
+func (q queries) Select() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM {{table}} WHERE scope = $1 AND operation = $2 AND key = $3`, idArgs...)
+}
+
+func (q queries) Finish() inbox.Query {
+	return q.q(`UPDATE {{table}} SET status = $4, result = $5, resource_id = NULLIF($6, ''),
+	external_ref = COALESCE(NULLIF($7, ''), external_ref), error = NULLIF($8, ''),
+	lease_owner = NULL, lease_until = NULL, updated_at = $9, expires_at = COALESCE($10, expires_at)
+WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $11 AND status = $12`,
+		with(inbox.ArgStatus, inbox.ArgResult, inbox.ArgResourceID, inbox.ArgExternalRef, inbox.ArgError,
+			inbox.ArgUpdatedAt, inbox.ArgExpiresAt, inbox.ArgAttempt, inbox.ArgFromStatus)...)
+}
+
+func (q queries) TakeOver() inbox.Query {
+	return q.q(`UPDATE {{table}} SET attempt = attempt + 1, lease_owner = $4, lease_until = $5, updated_at = $6
+WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $7
+	AND status = 'processing' AND (lease_until IS NULL OR lease_until < $8)`,
+		with(inbox.ArgLeaseOwner, inbox.ArgLeaseUntil, inbox.ArgUpdatedAt, inbox.ArgAttempt, inbox.ArgNow)...)
+}
+
+func (q queries) ExtendLease() inbox.Query {
+	return q.q(`UPDATE {{table}} SET lease_until = $4, updated_at = $5
+WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $6 AND status = 'processing'`,
+		with(inbox.ArgLeaseUntil, inbox.ArgUpdatedAt, inbox.ArgAttempt)...)
+}
+
+func (q queries) SelectPending() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM {{table}} WHERE status = 'pending' ORDER BY updated_at LIMIT $1`, inbox.ArgLimit)
+}
+
+func (q queries) SelectStale() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM {{table}}
+WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < $1) AND updated_at < $2
+ORDER BY updated_at LIMIT $3`, inbox.ArgNow, inbox.ArgBefore, inbox.ArgLimit)
+}
+
+func (q queries) UnfinishedStats() inbox.Query {
+	return q.q(`SELECT status, count(*), min(created_at) FROM {{table}} WHERE status IN ` +
+		inbox.UnfinishedStatuses + ` GROUP BY status`)
+}
+
+func (q queries) OldestExpired() inbox.Query {
+	return q.q(`SELECT min(expires_at) FROM {{table}} WHERE expires_at IS NOT NULL AND status IN ` + inbox.FinishedStatuses)
+}
+
+func (q queries) Purge() inbox.Query {
+	// PostgreSQL has no DELETE ... LIMIT; the batch is picked by primary
+	// key, skipping rows a claim holds so that a purge never waits on one.
+	return q.q(`DELETE FROM {{table}} WHERE (scope, operation, key) IN (
+	SELECT scope, operation, key FROM {{table}}
+	WHERE expires_at < $1 AND status IN `+inbox.FinishedStatuses+`
+	LIMIT $2 FOR UPDATE SKIP LOCKED)`, inbox.ArgBefore, inbox.ArgLimit)
+}
+
+func (q queries) Delete() inbox.Query {
+	return q.q(`DELETE FROM {{table}} WHERE scope = $1 AND operation = $2 AND key = $3`, idArgs...)
+}
+
+func (q queries) Clock() inbox.Query {
+	return q.q(`SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`)
+}
+
+func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
+func (q queries) ReleaseSavepoint() inbox.Query { return q.q(`RELEASE SAVEPOINT inboxmill_attempt`) }
+func (q queries) RollbackToSavepoint() inbox.Query {
+	return q.q(`ROLLBACK TO SAVEPOINT inboxmill_attempt`)
+}
+
+func (q queries) CreateMigrationsTable() inbox.Query {
+	return q.q(`CREATE TABLE IF NOT EXISTS {{table}}_migrations (
+	version    integer     PRIMARY KEY,
+	name       text        NOT NULL,
+	applied_at timestamptz NOT NULL
+)`)
+}
+
+func (q queries) MigrationsTableExists() inbox.Query {
+	return q.q(`SELECT count(*) FROM pg_catalog.pg_tables
+WHERE schemaname = current_schema() AND tablename = '{{table}}_migrations'`)
+}
+
+func (q queries) SelectMigrations() inbox.Query {
+	return q.q(`SELECT version FROM {{table}}_migrations ORDER BY version`)
+}
+
+func (q queries) SelectMigration() inbox.Query {
+	return q.q(`SELECT count(*) FROM {{table}}_migrations WHERE version = $1`, inbox.ArgVersion)
+}
+
+func (q queries) InsertMigration() inbox.Query {
+	return q.q(`INSERT INTO {{table}}_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
+		inbox.ArgVersion, inbox.ArgName, inbox.ArgNow)
+}
+
+func (q queries) DeleteMigration() inbox.Query {
+	return q.q(`DELETE FROM {{table}}_migrations WHERE version = $1`, inbox.ArgVersion)
+}
+
+// A session-level advisory lock: held across the per-version
+// transactions, released by UnlockMigrations or when the connection ends.
+func (q queries) LockMigrations() inbox.Query {
+	return q.q(`SELECT 1 FROM (SELECT pg_advisory_lock(hashtextextended($1, 0))) AS l`, inbox.ArgLockName)
+}
+
+func (q queries) UnlockMigrations() inbox.Query {
+	return q.q(`SELECT 1 FROM (SELECT pg_advisory_unlock(hashtextextended($1, 0))) AS l`, inbox.ArgLockName)
+}

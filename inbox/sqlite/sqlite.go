@@ -1,0 +1,213 @@
+// Package sqlite is the inbox dialect of SQLite, written for the pure-Go
+// driver modernc.org/sqlite (which it does not import: the program does).
+// It is the embedded default: no server to run.
+//
+// SQLite allows one writer at a time. Open the database so that writers
+// queue instead of failing, and so that a transaction takes the write lock
+// when it begins rather than when it first writes (an upgrade from reader
+// to writer cannot wait and fails at once when another writer got there
+// first); [DSN] builds such a DSN:
+//
+//	db, err := sql.Open("sqlite", sqlite.DSN("inbox.db")) // import _ "modernc.org/sqlite"
+//	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{})
+package sqlite
+
+import (
+	"embed"
+	"errors"
+	"io/fs"
+	"time"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// Dialect returns the SQLite dialect.
+func Dialect() inbox.Dialect { return dialect{} }
+
+// DSN returns a modernc.org/sqlite DSN for the database file at path with
+// the settings the inbox needs: a 10 s busy timeout, WAL journaling, and
+// transactions that take the write lock at BEGIN.
+func DSN(path string) string {
+	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+}
+
+type dialect struct{}
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+func (dialect) Name() string { return "sqlite" }
+
+func (dialect) Capabilities() inbox.Capabilities {
+	return inbox.Capabilities{
+		// Unprepared statements are parsed again on every call.
+		PreferPrepare: true,
+		// Every client runs in the database's process, on its clock.
+		SharedClock: true,
+		// No lock: SQLite serializes writers and its DDL is transactional,
+		// so a second process's migration transaction either waits and then
+		// sees the version applied, or fails on the version's primary key
+		// and rolls back whole.
+	}
+}
+
+func (dialect) Migrations() fs.FS {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	return sub
+}
+
+// TimeArg stores microseconds since the epoch; see the migration's comment.
+func (dialect) Placeholder(int) string { return "?" }
+
+func (dialect) TimeArg(t time.Time) any { return t.UnixMicro() }
+
+func (dialect) Queries(table string) inbox.Queries { return queries{t: table} }
+
+// sqliteCoder is implemented by modernc.org/sqlite's *Error.
+type sqliteCoder interface{ Code() int }
+
+func (dialect) Classify(err error) error {
+	var ce sqliteCoder
+	if errors.As(err, &ce) {
+		switch ce.Code() & 0xff { // primary result code
+		case 5, // SQLITE_BUSY
+			6: // SQLITE_LOCKED
+			return inbox.Transient(err)
+		}
+	}
+	return err
+}
+
+type queries struct{ t string }
+
+func (q queries) q(sql string, args ...inbox.Arg) inbox.Query {
+	return inbox.Query{SQL: inbox.MustRenderSQL(sql, q.t), Args: args}
+}
+
+var (
+	cols   = inbox.RecordColumns(`"key"`)
+	idArgs = []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey}
+)
+
+const where = ` WHERE scope = ? AND operation = ? AND "key" = ?`
+
+// withID is the ID's args followed by args: the order of the placeholders
+// in where followed by the conditions a statement adds after it.
+func withID(args ...inbox.Arg) []inbox.Arg { return append(append([]inbox.Arg{}, idArgs...), args...) }
+
+func (q queries) Insert() inbox.Query {
+	return q.q(`INSERT INTO {{table}} (scope, operation, "key", payload_hash, status, attempt, lease_owner,
+	lease_until, correlation_id, error, created_at, updated_at, expires_at)
+VALUES (?, ?, ?, ?, ?, 1, NULLIF(?, ''), ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)
+ON CONFLICT (scope, operation, "key") DO NOTHING`,
+		inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgPayloadHash, inbox.ArgStatus, inbox.ArgLeaseOwner,
+		inbox.ArgLeaseUntil, inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt,
+		inbox.ArgExpiresAt)
+}
+
+// SelectForClaim is a plain read: SQLite has one writer at a time, so once
+// the Insert ran the transaction holds the write lock and reads the latest
+// data.
+func (q queries) SelectForClaim() inbox.Query { return q.Select() }
+
+func (q queries) Select() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM {{table}}`+where, idArgs...)
+}
+
+func (q queries) Finish() inbox.Query {
+	return q.q(`UPDATE {{table}} SET status = ?, result = ?, resource_id = NULLIF(?, ''),
+	external_ref = COALESCE(NULLIF(?, ''), external_ref), error = NULLIF(?, ''),
+	lease_owner = NULL, lease_until = NULL, updated_at = ?, expires_at = COALESCE(?, expires_at)`+where+
+		` AND attempt = ? AND status = ?`,
+		append([]inbox.Arg{inbox.ArgStatus, inbox.ArgResult, inbox.ArgResourceID, inbox.ArgExternalRef, inbox.ArgError,
+			inbox.ArgUpdatedAt, inbox.ArgExpiresAt}, withID(inbox.ArgAttempt, inbox.ArgFromStatus)...)...)
+}
+
+func (q queries) TakeOver() inbox.Query {
+	return q.q(`UPDATE {{table}} SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?`+where+
+		` AND attempt = ? AND status = 'processing' AND (lease_until IS NULL OR lease_until < ?)`,
+		append([]inbox.Arg{inbox.ArgLeaseOwner, inbox.ArgLeaseUntil, inbox.ArgUpdatedAt},
+			withID(inbox.ArgAttempt, inbox.ArgNow)...)...)
+}
+
+func (q queries) ExtendLease() inbox.Query {
+	return q.q(`UPDATE {{table}} SET lease_until = ?, updated_at = ?`+where+` AND attempt = ? AND status = 'processing'`,
+		append([]inbox.Arg{inbox.ArgLeaseUntil, inbox.ArgUpdatedAt}, withID(inbox.ArgAttempt)...)...)
+}
+
+func (q queries) SelectPending() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM {{table}} WHERE status = 'pending' ORDER BY updated_at LIMIT ?`, inbox.ArgLimit)
+}
+
+func (q queries) SelectStale() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM {{table}}
+WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?
+ORDER BY updated_at LIMIT ?`, inbox.ArgNow, inbox.ArgBefore, inbox.ArgLimit)
+}
+
+func (q queries) UnfinishedStats() inbox.Query {
+	return q.q(`SELECT status, COUNT(*), MIN(created_at) FROM {{table}} WHERE status IN ` +
+		inbox.UnfinishedStatuses + ` GROUP BY status`)
+}
+
+func (q queries) OldestExpired() inbox.Query {
+	return q.q(`SELECT MIN(expires_at) FROM {{table}} WHERE expires_at IS NOT NULL AND status IN ` + inbox.FinishedStatuses)
+}
+
+func (q queries) Purge() inbox.Query {
+	// DELETE ... LIMIT is a compile-time option of SQLite; a row-value IN
+	// over the primary key works everywhere.
+	return q.q(`DELETE FROM {{table}} WHERE (scope, operation, "key") IN (
+	SELECT scope, operation, "key" FROM {{table}}
+	WHERE expires_at < ? AND status IN `+inbox.FinishedStatuses+` LIMIT ?)`, inbox.ArgBefore, inbox.ArgLimit)
+}
+
+func (q queries) Delete() inbox.Query { return q.q(`DELETE FROM {{table}}`+where, idArgs...) }
+
+// Clock is never used (Capabilities.SharedClock) but answers correctly.
+func (q queries) Clock() inbox.Query {
+	return q.q(`SELECT CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)`)
+}
+
+func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
+func (q queries) ReleaseSavepoint() inbox.Query { return q.q(`RELEASE SAVEPOINT inboxmill_attempt`) }
+func (q queries) RollbackToSavepoint() inbox.Query {
+	return q.q(`ROLLBACK TO SAVEPOINT inboxmill_attempt`)
+}
+
+func (q queries) CreateMigrationsTable() inbox.Query {
+	return q.q(`CREATE TABLE IF NOT EXISTS {{table}}_migrations (
+	version    INTEGER NOT NULL PRIMARY KEY,
+	name       TEXT    NOT NULL,
+	applied_at INTEGER NOT NULL
+)`)
+}
+
+func (q queries) MigrationsTableExists() inbox.Query {
+	return q.q(`SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{{table}}_migrations'`)
+}
+
+func (q queries) SelectMigrations() inbox.Query {
+	return q.q(`SELECT version FROM {{table}}_migrations ORDER BY version`)
+}
+
+func (q queries) SelectMigration() inbox.Query {
+	return q.q(`SELECT COUNT(*) FROM {{table}}_migrations WHERE version = ?`, inbox.ArgVersion)
+}
+
+func (q queries) InsertMigration() inbox.Query {
+	return q.q(`INSERT INTO {{table}}_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+		inbox.ArgVersion, inbox.ArgName, inbox.ArgNow)
+}
+
+func (q queries) DeleteMigration() inbox.Query {
+	return q.q(`DELETE FROM {{table}}_migrations WHERE version = ?`, inbox.ArgVersion)
+}
+
+// LockMigrations and UnlockMigrations are not run (no
+// Capabilities.MigrationLock); they answer 1 as the contract asks.
+func (q queries) LockMigrations() inbox.Query   { return q.q(`SELECT 1`) }
+func (q queries) UnlockMigrations() inbox.Query { return q.q(`SELECT 1`) }

@@ -1,0 +1,142 @@
+package layout_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/inboxmill/inboxmill"
+
+// pkg is what `go list -json` says of a package.
+type pkg struct {
+	ImportPath string
+	Imports    []string
+	Deps       []string
+}
+
+func list(t *testing.T, args ...string) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list", "-json"}, args...)...)
+	cmd.Dir = "../.."
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("go list %v: %v\n%s", args, err, stderr.String())
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(&out)
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func rel(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path, module), "/") }
+
+// floor is a package's height in the house: a package may import only
+// packages on its own floor or below. internal/ helpers sit with what
+// they serve; test-only helpers are checked separately.
+func floor(path string) int {
+	p := rel(path)
+	switch {
+	case p == "inbox" || strings.HasPrefix(p, "internal/service") || strings.HasPrefix(p, "internal/canonjson"):
+		return 0
+	case strings.HasPrefix(p, "inbox/"):
+		return 1 // dialects and the store's test kit
+	case p == "dedup" || strings.HasPrefix(p, "dedup/"):
+		return 2
+	case strings.HasPrefix(p, "handlers/"):
+		return 3
+	case strings.HasPrefix(p, "cmd/"):
+		return 4
+	}
+	return -1 // examples, tests and test helpers: not part of the library
+}
+
+var drivers = []string{
+	"github.com/lib/pq",
+	"github.com/jackc/pgx/v5/stdlib",
+	"github.com/go-sql-driver/mysql",
+	"modernc.org/sqlite",
+}
+
+// TestDependenciesPointDown checks that no library package imports one
+// above it (nothing under inbox/ imports dedup or handlers), that only the
+// packages whose job it is import a driver, watermill or watermill-sql,
+// and that no library package imports a test helper.
+func TestDependenciesPointDown(t *testing.T) {
+	for _, p := range list(t, "./...") {
+		f := floor(p.ImportPath)
+		if f < 0 {
+			continue
+		}
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, module+"/") {
+				if g := floor(imp); g > f {
+					t.Errorf("%s (floor %d) imports %s (floor %d): dependencies must point down", rel(p.ImportPath), f, rel(imp), g)
+				}
+				if strings.HasPrefix(rel(imp), "internal/testdb") || strings.HasPrefix(rel(imp), "internal/testkit") {
+					t.Errorf("%s imports the test helper %s", rel(p.ImportPath), rel(imp))
+				}
+			}
+			for _, d := range drivers {
+				if imp == d && rel(p.ImportPath) != "inbox/mysql" && !strings.HasPrefix(rel(p.ImportPath), "cmd/") {
+					t.Errorf("%s imports the driver %s; only inbox/mysql (for its error type) and commands may", rel(p.ImportPath), d)
+				}
+			}
+			if strings.HasPrefix(imp, "github.com/ThreeDotsLabs/watermill-sql") && rel(p.ImportPath) != "dedup/watermillsql" &&
+				!strings.HasPrefix(rel(p.ImportPath), "cmd/") {
+				t.Errorf("%s imports watermill-sql; only dedup/watermillsql may", rel(p.ImportPath))
+			}
+			if rel(p.ImportPath) == "inbox" && strings.HasPrefix(imp, "github.com/ThreeDotsLabs/") {
+				t.Errorf("inbox imports %s; the store must not depend on watermill", imp)
+			}
+		}
+	}
+}
+
+// TestSQLiteProgramLinksOnlySQLite builds a program that uses the
+// middleware on SQLite and checks that it registers the sqlite driver and
+// no other, and that no PostgreSQL or MySQL module is even compiled in.
+func TestSQLiteProgramLinksOnlySQLite(t *testing.T) {
+	const prog = "./internal/layout/testdata/sqliteonly"
+	deps := list(t, "-deps", prog)
+	for _, p := range deps {
+		for _, banned := range []string{"github.com/lib/pq", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql",
+			"github.com/ThreeDotsLabs/watermill-sql"} {
+			if strings.HasPrefix(p.ImportPath, banned) {
+				t.Errorf("the SQLite program depends on %s", p.ImportPath)
+			}
+		}
+	}
+	cmd := exec.Command("go", "run", prog)
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go run %s: %v\n%s", prog, err, out)
+	}
+	if got := strings.Fields(string(out)); !slices.Equal(got, []string{"sqlite"}) {
+		t.Fatalf("sql.Drivers() = %v, want [sqlite]", got)
+	}
+}
+
+// TestQuickstartCompilesNoServerDriver keeps the quickstart (the first
+// command a newcomer runs) from downloading or compiling the PostgreSQL or
+// MySQL drivers.
+func TestQuickstartCompilesNoServerDriver(t *testing.T) {
+	for _, p := range list(t, "-deps", "./examples/quickstart") {
+		for _, banned := range []string{"github.com/lib/pq", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql"} {
+			if strings.HasPrefix(p.ImportPath, banned) {
+				t.Errorf("the quickstart depends on %s", p.ImportPath)
+			}
+		}
+	}
+}
