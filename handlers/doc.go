@@ -1,16 +1,6 @@
 // Package handlers holds ready-made pieces that sit around the dedup
 // middleware.
 //
-// # Webhooks
-//
-// [NewWebhookReceiver] is an http.Handler that verifies a provider's
-// signature ([StripeVerifier], [GitHubVerifier], [StandardWebhooksVerifier],
-// [HMACVerifier], or your own [Verifier]), publishes the raw body onto a
-// queue with the provider's event ID as the event_id metadata, and answers
-// 2xx only after the publisher succeeded. The dedup middleware behind the
-// queue then runs the business handler once per event, however often the
-// provider retries.
-//
 // # Reconciler
 //
 // In reserve mode (dedup.ModeReserve) a handler that cannot tell whether its

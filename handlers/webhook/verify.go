@@ -1,4 +1,4 @@
-package handlers
+package webhook
 
 import (
 	"crypto/hmac"
@@ -19,29 +19,29 @@ import (
 var (
 	// ErrMissingSignature: the request carries no signature, or lacks a
 	// header the signature covers (a timestamp, a message ID).
-	ErrMissingSignature = errors.New("handlers: webhook signature missing")
+	ErrMissingSignature = errors.New("webhook: signature missing")
 
 	// ErrMalformedHeader: a signature or timestamp header is present but not
 	// in the provider's format.
-	ErrMalformedHeader = errors.New("handlers: malformed webhook signature header")
+	ErrMalformedHeader = errors.New("webhook: malformed signature header")
 
 	// ErrSignatureMismatch: no signature in the request matches the body
 	// under any configured secret — a tampered body, a wrong or retired
 	// secret, or a forgery.
-	ErrSignatureMismatch = errors.New("handlers: webhook signature mismatch")
+	ErrSignatureMismatch = errors.New("webhook: signature mismatch")
 
 	// ErrTimestampOutOfRange: the signature is valid but its signed
 	// timestamp is further from now than the tolerance, in the past (a
 	// replay of a captured request) or in the future.
-	ErrTimestampOutOfRange = errors.New("handlers: webhook timestamp outside the tolerance")
+	ErrTimestampOutOfRange = errors.New("webhook: timestamp outside the tolerance")
 
 	// ErrMissingEventID: the request is authentic but carries no event or
 	// delivery ID to deduplicate on.
-	ErrMissingEventID = errors.New("handlers: webhook has no event ID")
+	ErrMissingEventID = errors.New("webhook: no event ID")
 
 	// ErrInvalidEventID: the event ID cannot be an inbox key: longer than
 	// 255 bytes, not UTF-8, or containing a NUL byte.
-	ErrInvalidEventID = errors.New("handlers: webhook event ID is not a valid key")
+	ErrInvalidEventID = errors.New("webhook: event ID is not a valid key")
 )
 
 // DefaultTolerance is how far a signed timestamp may be from now, either
@@ -78,7 +78,7 @@ type Event struct {
 // Implement it for a provider without a built-in verifier, or wrap one to
 // derive the tenant from the route:
 //
-//	v := handlers.VerifierFunc(func(r *http.Request, body []byte, now time.Time) (handlers.Event, error) {
+//	v := webhook.VerifierFunc(func(r *http.Request, body []byte, now time.Time) (webhook.Event, error) {
 //		ev, err := stripe.Verify(r, body, now)
 //		ev.Tenant = r.PathValue("tenant")
 //		return ev, err

@@ -1,4 +1,4 @@
-package handlers_test
+package webhook_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/dedup"
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/handlers/webhook"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
@@ -62,8 +62,8 @@ func TestWebhookEndToEnd(t *testing.T) {
 	require.NoError(t, sub.SubscribeInitialize(topic))
 
 	d, err := dedup.New(store, dedup.Config{
-		Key:          dedup.KeyFromMetadata(handlers.MetadataEventID),
-		Scope:        dedup.ScopeFromMetadata(handlers.MetadataTenantID),
+		Key:          dedup.KeyFromMetadata(webhook.MetadataEventID),
+		Scope:        dedup.ScopeFromMetadata(webhook.MetadataTenantID),
 		IgnoreFields: []string{"pending_webhooks"}, // Stripe may count down between attempts
 		JoinTx:       dedup.WatermillSQLTx,         // claim, write and ack commit together
 	})
@@ -86,7 +86,7 @@ func TestWebhookEndToEnd(t *testing.T) {
 		seen = append(seen, msg.Metadata)
 		mu.Unlock()
 		_, err := tx.ExecContext(msg.Context(), "INSERT INTO "+effects+" (event_id, tenant_id, amount) VALUES ($1, $2, $3)",
-			msg.Metadata.Get(handlers.MetadataEventID), msg.Metadata.Get(handlers.MetadataTenantID), 2000)
+			msg.Metadata.Get(webhook.MetadataEventID), msg.Metadata.Get(webhook.MetadataTenantID), 2000)
 		return err
 	})
 	routerDone := make(chan struct{})
@@ -105,9 +105,9 @@ func TestWebhookEndToEnd(t *testing.T) {
 		t.Fatal("router did not start")
 	}
 
-	receiver, err := handlers.NewWebhookReceiver(pub, handlers.WebhookConfig{
+	receiver, err := webhook.NewWebhookReceiver(pub, webhook.WebhookConfig{
 		Topic:    topic,
-		Verifier: handlers.StripeVerifier("whsec_old", "whsec_new"),
+		Verifier: webhook.StripeVerifier("whsec_old", "whsec_new"),
 		Tenant:   "acme",
 	})
 	require.NoError(t, err)
@@ -162,11 +162,11 @@ func TestWebhookEndToEnd(t *testing.T) {
 	require.Equal(t, 1, runs)
 	md := seen[0]
 	mu.Unlock()
-	require.Equal(t, "evt_3OqLmP2eZvKYlo2C", md.Get(handlers.MetadataEventID))
-	require.Equal(t, "acme", md.Get(handlers.MetadataTenantID))
-	require.Equal(t, "stripe", md.Get(handlers.MetadataWebhookProvider))
-	require.Equal(t, "payment_intent.succeeded", md.Get(handlers.MetadataWebhookEventType))
-	_, err = time.Parse(time.RFC3339Nano, md.Get(handlers.MetadataReceivedAt))
+	require.Equal(t, "evt_3OqLmP2eZvKYlo2C", md.Get(webhook.MetadataEventID))
+	require.Equal(t, "acme", md.Get(webhook.MetadataTenantID))
+	require.Equal(t, "stripe", md.Get(webhook.MetadataWebhookProvider))
+	require.Equal(t, "payment_intent.succeeded", md.Get(webhook.MetadataWebhookEventType))
+	_, err = time.Parse(time.RFC3339Nano, md.Get(webhook.MetadataReceivedAt))
 	require.NoError(t, err)
 
 	// Every queued message was acknowledged.

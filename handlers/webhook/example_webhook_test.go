@@ -1,4 +1,4 @@
-package handlers_test
+package webhook_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/handlers/webhook"
 )
 
 // A GitHub delivery arrives twice (GitHub redelivers with the same
@@ -26,9 +26,9 @@ func ExampleNewWebhookReceiver() {
 	defer queue.Close()
 	msgs, _ := queue.Subscribe(context.Background(), "github.events")
 
-	receiver, err := handlers.NewWebhookReceiver(queue, handlers.WebhookConfig{
+	receiver, err := webhook.NewWebhookReceiver(queue, webhook.WebhookConfig{
 		Topic:    "github.events",
-		Verifier: handlers.GitHubVerifier(secret),
+		Verifier: webhook.GitHubVerifier(secret),
 		Tenant:   "acme",
 	})
 	if err != nil {
@@ -59,8 +59,8 @@ func ExampleNewWebhookReceiver() {
 
 	for range 2 {
 		msg := <-msgs
-		fmt.Println(msg.Metadata.Get(handlers.MetadataEventID), msg.Metadata.Get(handlers.MetadataTenantID),
-			msg.Metadata.Get(handlers.MetadataWebhookProvider), msg.Metadata.Get(handlers.MetadataWebhookEventType))
+		fmt.Println(msg.Metadata.Get(webhook.MetadataEventID), msg.Metadata.Get(webhook.MetadataTenantID),
+			msg.Metadata.Get(webhook.MetadataWebhookProvider), msg.Metadata.Get(webhook.MetadataWebhookEventType))
 		msg.Ack()
 	}
 	// Output:

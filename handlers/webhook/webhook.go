@@ -1,4 +1,4 @@
-package handlers
+package webhook
 
 import (
 	"context"
@@ -31,6 +31,11 @@ const (
 	// fingerprint covers the payload only, so it never makes a conflict.
 	MetadataReceivedAt = "received_at"
 )
+
+// ErrInvalidConfig: the receiver's or a built-in verifier's configuration
+// is unusable. NewWebhookReceiver reports every problem at once, each
+// wrapping it.
+var ErrInvalidConfig = errors.New("webhook: invalid config")
 
 // DefaultMaxBodyBytes is WebhookConfig.MaxBodyBytes's default, 1 MiB:
 // larger than the events Stripe, GitHub or Svix send, small enough that a
@@ -138,9 +143,9 @@ type webhookReceiver struct {
 //
 // Mount one receiver per provider and secret:
 //
-//	stripe, err := handlers.NewWebhookReceiver(publisher, handlers.WebhookConfig{
+//	stripe, err := webhook.NewWebhookReceiver(publisher, webhook.WebhookConfig{
 //		Topic:    "stripe.events",
-//		Verifier: handlers.StripeVerifier(os.Getenv("STRIPE_WEBHOOK_SECRET")),
+//		Verifier: webhook.StripeVerifier(os.Getenv("STRIPE_WEBHOOK_SECRET")),
 //		Tenant:   "acme",
 //	})
 //	mux.Handle("/webhooks/stripe", stripe)
