@@ -109,8 +109,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		}
 		_, err := tx.ExecContext(msg.Context(),
 			fmt.Sprintf(`INSERT INTO %s (provider, event_id, event_type) VALUES (%s, %s, %s)`, b.effects, b.ph(1), b.ph(2), b.ph(3)),
-			msg.Metadata.Get(webhook.MetadataWebhookProvider), msg.Metadata.Get(webhook.MetadataEventID),
-			msg.Metadata.Get(webhook.MetadataWebhookEventType))
+			msg.Metadata.Get(webhook.MetadataProvider), msg.Metadata.Get(webhook.MetadataEventID),
+			msg.Metadata.Get(webhook.MetadataEventType))
 		return err
 	}
 	router.AddConsumerHandler("record_payment", b.stripeTopic, b.subscriber, record)
@@ -129,13 +129,13 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 
 	// The ingress: one receiver per provider, each with its secret.
 	pub := &countingPublisher{Publisher: b.publisher}
-	stripe, err := webhook.NewWebhookReceiver(pub, webhook.WebhookConfig{
+	stripe, err := webhook.NewReceiver(pub, webhook.ReceiverConfig{
 		Topic: b.stripeTopic, Verifier: webhook.StripeVerifier(stripeSecret), Tenant: "acme",
 	})
 	if err != nil {
 		return sum, err
 	}
-	github, err := webhook.NewWebhookReceiver(pub, webhook.WebhookConfig{
+	github, err := webhook.NewReceiver(pub, webhook.ReceiverConfig{
 		Topic: b.githubTopic, Verifier: webhook.GitHubVerifier(githubSecret), Tenant: "acme",
 	})
 	if err != nil {

@@ -1,6 +1,6 @@
 // Package webhook is the HTTP ingress for providers' webhooks.
 //
-// [NewWebhookReceiver] is an http.Handler that verifies a provider's
+// [NewReceiver] is an http.Handler that verifies a provider's
 // signature ([StripeVerifier], [GitHubVerifier], [StandardWebhooksVerifier],
 // [HMACVerifier], or your own [Verifier]), publishes the raw body onto a
 // queue with the provider's event ID as the event_id metadata, and answers

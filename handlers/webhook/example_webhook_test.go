@@ -20,13 +20,13 @@ import (
 // X-GitHub-Delivery), then a forgery arrives. Both genuine requests are
 // enqueued under one event_id, for the dedup middleware behind the queue;
 // the forgery is answered 401 and enqueues nothing.
-func ExampleNewWebhookReceiver() {
+func ExampleNewReceiver() {
 	const secret = "It's a Secret to Everybody"
 	queue := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 8}, watermill.NopLogger{})
 	defer queue.Close()
 	msgs, _ := queue.Subscribe(context.Background(), "github.events")
 
-	receiver, err := webhook.NewWebhookReceiver(queue, webhook.WebhookConfig{
+	receiver, err := webhook.NewReceiver(queue, webhook.ReceiverConfig{
 		Topic:    "github.events",
 		Verifier: webhook.GitHubVerifier(secret),
 		Tenant:   "acme",
@@ -60,7 +60,7 @@ func ExampleNewWebhookReceiver() {
 	for range 2 {
 		msg := <-msgs
 		fmt.Println(msg.Metadata.Get(webhook.MetadataEventID), msg.Metadata.Get(webhook.MetadataTenantID),
-			msg.Metadata.Get(webhook.MetadataWebhookProvider), msg.Metadata.Get(webhook.MetadataWebhookEventType))
+			msg.Metadata.Get(webhook.MetadataProvider), msg.Metadata.Get(webhook.MetadataEventType))
 		msg.Ack()
 	}
 	// Output:

@@ -96,7 +96,7 @@ func (f VerifierFunc) Verify(r *http.Request, body []byte, now time.Time) (Event
 }
 
 // validator is implemented by the built-in verifiers so that
-// NewWebhookReceiver reports a misconfigured one at construction rather
+// NewReceiver reports a misconfigured one at construction rather
 // than answering 401 to every request.
 type validator interface {
 	validate() error

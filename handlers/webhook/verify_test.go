@@ -298,7 +298,7 @@ func TestVerifierFunc(t *testing.T) {
 		return ev, err
 	})
 	pub := &recordingPublisher{}
-	h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: v})
+	h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: v})
 	mux := http.NewServeMux()
 	mux.Handle("POST /webhooks/{tenant}", h)
 	req := post(stripeBody, map[string]string{"Stripe-Signature": stripeSign("whsec_s", testNow, stripeBody)})

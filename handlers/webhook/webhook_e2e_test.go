@@ -22,13 +22,13 @@ import (
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
-// TestWebhookEndToEnd: one Stripe event delivered five times — twice in a
+// TestEndToEnd: one Stripe event delivered five times — twice in a
 // row, then three retries at once, each signed anew as Stripe does —
 // through the receiver, a watermill-sql queue on PostgreSQL, a router and
 // the dedup middleware in transactional mode, joined to the consuming
 // transaction. All five are enqueued; the business handler's write commits
 // once.
-func TestWebhookEndToEnd(t *testing.T) {
+func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -105,7 +105,7 @@ func TestWebhookEndToEnd(t *testing.T) {
 		t.Fatal("router did not start")
 	}
 
-	receiver, err := webhook.NewWebhookReceiver(pub, webhook.WebhookConfig{
+	receiver, err := webhook.NewReceiver(pub, webhook.ReceiverConfig{
 		Topic:    topic,
 		Verifier: webhook.StripeVerifier("whsec_old", "whsec_new"),
 		Tenant:   "acme",
@@ -164,8 +164,8 @@ func TestWebhookEndToEnd(t *testing.T) {
 	mu.Unlock()
 	require.Equal(t, "evt_3OqLmP2eZvKYlo2C", md.Get(webhook.MetadataEventID))
 	require.Equal(t, "acme", md.Get(webhook.MetadataTenantID))
-	require.Equal(t, "stripe", md.Get(webhook.MetadataWebhookProvider))
-	require.Equal(t, "payment_intent.succeeded", md.Get(webhook.MetadataWebhookEventType))
+	require.Equal(t, "stripe", md.Get(webhook.MetadataProvider))
+	require.Equal(t, "payment_intent.succeeded", md.Get(webhook.MetadataEventType))
 	_, err = time.Parse(time.RFC3339Nano, md.Get(webhook.MetadataReceivedAt))
 	require.NoError(t, err)
 

@@ -94,7 +94,7 @@ func serve(h http.Handler, req *http.Request) int {
 	return rec.Code
 }
 
-func newReceiver(t *testing.T, pub message.Publisher, cfg webhook.WebhookConfig) http.Handler {
+func newReceiver(t *testing.T, pub message.Publisher, cfg webhook.ReceiverConfig) http.Handler {
 	t.Helper()
 	if cfg.Topic == "" {
 		cfg.Topic = "webhooks"
@@ -102,7 +102,7 @@ func newReceiver(t *testing.T, pub message.Publisher, cfg webhook.WebhookConfig)
 	if cfg.Now == nil {
 		cfg.Now = func() time.Time { return testNow }
 	}
-	h, err := webhook.NewWebhookReceiver(pub, cfg)
+	h, err := webhook.NewReceiver(pub, cfg)
 	require.NoError(t, err)
 	return h
 }
@@ -234,10 +234,10 @@ func (s scheme) body() string {
 	return plainBody
 }
 
-// TestWebhookReceiverVerifiers runs every verifier's cases through the
+// TestReceiverVerifiers runs every verifier's cases through the
 // receiver: the status, what was published, and the error a caller can
 // branch on.
-func TestWebhookReceiverVerifiers(t *testing.T) {
+func TestReceiverVerifiers(t *testing.T) {
 	t.Parallel()
 	for _, s := range schemes() {
 		body := s.body()
@@ -268,7 +268,7 @@ func TestWebhookReceiverVerifiers(t *testing.T) {
 			t.Run(s.name+"/"+tc.name, func(t *testing.T) {
 				t.Parallel()
 				pub := &recordingPublisher{}
-				h := newReceiver(t, pub, webhook.WebhookConfig{Topic: "in." + s.name, Verifier: s.verifier})
+				h := newReceiver(t, pub, webhook.ReceiverConfig{Topic: "in." + s.name, Verifier: s.verifier})
 				require.Equal(t, tc.status, serve(h, post(tc.body, tc.headers)))
 
 				_, err := s.verifier.Verify(post(tc.body, tc.headers), []byte(tc.body), testNow)
@@ -284,10 +284,10 @@ func TestWebhookReceiverVerifiers(t *testing.T) {
 				require.Equal(t, tc.body, string(m.Payload), "the raw body is the payload")
 				require.Equal(t, "in."+s.name, m.Metadata.Get("_topic"))
 				require.Equal(t, s.wantID, m.Metadata.Get(webhook.MetadataEventID))
-				require.Equal(t, s.wantType, m.Metadata.Get(webhook.MetadataWebhookEventType))
+				require.Equal(t, s.wantType, m.Metadata.Get(webhook.MetadataEventType))
 				require.Equal(t, s.wantTenant, m.Metadata.Get(webhook.MetadataTenantID))
 				require.Equal(t, testNow.UTC().Format(time.RFC3339Nano), m.Metadata.Get(webhook.MetadataReceivedAt))
-				require.NotEmpty(t, m.Metadata.Get(webhook.MetadataWebhookProvider))
+				require.NotEmpty(t, m.Metadata.Get(webhook.MetadataProvider))
 				require.NotEmpty(t, m.UUID)
 				require.NotEqual(t, s.wantID, m.UUID, "the UUID identifies the delivery, not the event")
 			})
@@ -295,7 +295,7 @@ func TestWebhookReceiverVerifiers(t *testing.T) {
 	}
 }
 
-// receiverCase is one request of TestWebhookReceiverVerifiers.
+// receiverCase is one request of TestReceiverVerifiers.
 type receiverCase struct {
 	name    string
 	body    string
@@ -318,13 +318,13 @@ func with(h map[string]string, k, v string) map[string]string {
 	return out
 }
 
-// TestWebhookReceiverRetriesPublishEachDelivery: the receiver does not
+// TestReceiverRetriesPublishEachDelivery: the receiver does not
 // deduplicate; every retry is published with a fresh UUID and the same
 // event_id, for the dedup middleware to recognise.
-func TestWebhookReceiverRetriesPublishEachDelivery(t *testing.T) {
+func TestReceiverRetriesPublishEachDelivery(t *testing.T) {
 	t.Parallel()
 	pub := &recordingPublisher{}
-	h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.StripeVerifier("whsec_x")})
+	h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.StripeVerifier("whsec_x")})
 	for i := range 3 {
 		// Stripe signs each attempt anew, with that attempt's time.
 		ts := testNow.Add(time.Duration(-i) * time.Minute)
@@ -340,10 +340,10 @@ func TestWebhookReceiverRetriesPublishEachDelivery(t *testing.T) {
 	require.Len(t, uuids, 3, "a fresh UUID per request")
 }
 
-func TestWebhookReceiverMethodNotAllowed(t *testing.T) {
+func TestReceiverMethodNotAllowed(t *testing.T) {
 	t.Parallel()
 	pub := &recordingPublisher{}
-	h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.GitHubVerifier("s")})
+	h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.GitHubVerifier("s")})
 	for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodHead, http.MethodDelete} {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(method, "/webhooks", nil))
@@ -353,7 +353,7 @@ func TestWebhookReceiverMethodNotAllowed(t *testing.T) {
 	require.Empty(t, pub.published())
 }
 
-func TestWebhookReceiverBodyLimit(t *testing.T) {
+func TestReceiverBodyLimit(t *testing.T) {
 	t.Parallel()
 	const limit = 64
 	body := `{"padding":"` + strings.Repeat("x", limit) + `"}`
@@ -362,14 +362,14 @@ func TestWebhookReceiverBodyLimit(t *testing.T) {
 	t.Run("content length over the limit", func(t *testing.T) {
 		t.Parallel()
 		pub := &recordingPublisher{}
-		h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.GitHubVerifier("s"), MaxBodyBytes: limit})
+		h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.GitHubVerifier("s"), MaxBodyBytes: limit})
 		require.Equal(t, http.StatusRequestEntityTooLarge, serve(h, post(body, headers)))
 		require.Empty(t, pub.published())
 	})
 	t.Run("chunked body over the limit", func(t *testing.T) {
 		t.Parallel()
 		pub := &recordingPublisher{}
-		h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.GitHubVerifier("s"), MaxBodyBytes: limit})
+		h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.GitHubVerifier("s"), MaxBodyBytes: limit})
 		req := post(body, headers)
 		req.ContentLength = -1 // unknown: only reading finds out
 		req.Body = io.NopCloser(strings.NewReader(body))
@@ -379,7 +379,7 @@ func TestWebhookReceiverBodyLimit(t *testing.T) {
 	t.Run("default limit is 1 MiB", func(t *testing.T) {
 		t.Parallel()
 		pub := &recordingPublisher{}
-		h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.GitHubVerifier("s")})
+		h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.GitHubVerifier("s")})
 		big := `{"padding":"` + strings.Repeat("x", webhook.DefaultMaxBodyBytes-14) + `"}`
 		require.Len(t, big, webhook.DefaultMaxBodyBytes)
 		ok := map[string]string{"X-Hub-Signature-256": githubSign("s", big), "X-GitHub-Delivery": "d-2"}
@@ -394,7 +394,7 @@ type failingReader struct{}
 
 func (failingReader) Read([]byte) (int, error) { return 0, errors.New("connection reset by peer") }
 
-func TestWebhookReceiverBadRequests(t *testing.T) {
+func TestReceiverBadRequests(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name     string
@@ -430,20 +430,20 @@ func TestWebhookReceiverBadRequests(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			pub := &recordingPublisher{}
-			h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: tc.verifier})
+			h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: tc.verifier})
 			require.Equal(t, http.StatusBadRequest, serve(h, tc.req()))
 			require.Empty(t, pub.published())
 		})
 	}
 }
 
-// TestWebhookReceiverPublishFails: 503 and no 2xx, so the provider keeps
+// TestReceiverPublishFails: 503 and no 2xx, so the provider keeps
 // the event and retries it; the failure is logged without the body.
-func TestWebhookReceiverPublishFails(t *testing.T) {
+func TestReceiverPublishFails(t *testing.T) {
 	t.Parallel()
 	pub := &recordingPublisher{fail: errors.New("queue unavailable")}
 	logs := testkit.NewLogger()
-	h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.StripeVerifier("whsec_x"), Logger: logs})
+	h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.StripeVerifier("whsec_x"), Logger: logs})
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, post(stripeBody, map[string]string{"Stripe-Signature": stripeSign("whsec_x", testNow, stripeBody)}))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
@@ -460,13 +460,13 @@ func TestWebhookReceiverPublishFails(t *testing.T) {
 	requireNoSecretsLogged(t, logs, "whsec_x", stripeBody)
 }
 
-// TestWebhookReceiverLogsNoBodyOrSecret: rejections are logged with a
+// TestReceiverLogsNoBodyOrSecret: rejections are logged with a
 // reason, never the body, the secret or the signature.
-func TestWebhookReceiverLogsNoBodyOrSecret(t *testing.T) {
+func TestReceiverLogsNoBodyOrSecret(t *testing.T) {
 	t.Parallel()
 	logs := testkit.NewLogger()
 	pub := &recordingPublisher{}
-	h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.StripeVerifier("whsec_topsecret"), Logger: logs})
+	h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.StripeVerifier("whsec_topsecret"), Logger: logs})
 	sig := stripeSign("whsec_wrong", testNow, stripeBody)
 	require.Equal(t, http.StatusUnauthorized, serve(h, post(stripeBody, map[string]string{"Stripe-Signature": sig})))
 	require.Equal(t, http.StatusUnauthorized, serve(h, post(stripeBody, map[string]string{"Stripe-Signature": "t=1,v1=" + strings.Repeat("ab", 32)})))
@@ -485,7 +485,7 @@ func requireNoSecretsLogged(t *testing.T, logs *testkit.Logger, forbidden ...str
 	}
 }
 
-func TestWebhookReceiverTenantAndProvider(t *testing.T) {
+func TestReceiverTenantAndProvider(t *testing.T) {
 	t.Parallel()
 	sign := func(body string) map[string]string {
 		return map[string]string{"Stripe-Signature": stripeSign("whsec_x", testNow, body)}
@@ -493,17 +493,17 @@ func TestWebhookReceiverTenantAndProvider(t *testing.T) {
 	platformEvent := `{"id":"evt_platform","type":"balance.available"}`
 	cases := []struct {
 		name             string
-		cfg              webhook.WebhookConfig
+		cfg              webhook.ReceiverConfig
 		body             string
 		tenant, provider string
 		hasTenant        bool
 	}{
-		{name: "tenant from the event", cfg: webhook.WebhookConfig{Tenant: "platform"}, body: stripeBody,
+		{name: "tenant from the event", cfg: webhook.ReceiverConfig{Tenant: "platform"}, body: stripeBody,
 			tenant: "acct_1032D82eZvKYlo2C", hasTenant: true, provider: "stripe"},
-		{name: "configured tenant when the event names none", cfg: webhook.WebhookConfig{Tenant: "platform"}, body: platformEvent,
+		{name: "configured tenant when the event names none", cfg: webhook.ReceiverConfig{Tenant: "platform"}, body: platformEvent,
 			tenant: "platform", hasTenant: true, provider: "stripe"},
 		{name: "no tenant at all", body: platformEvent, provider: "stripe"},
-		{name: "provider override", cfg: webhook.WebhookConfig{Provider: "stripe-eu"}, body: platformEvent, provider: "stripe-eu"},
+		{name: "provider override", cfg: webhook.ReceiverConfig{Provider: "stripe-eu"}, body: platformEvent, provider: "stripe-eu"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -517,19 +517,19 @@ func TestWebhookReceiverTenantAndProvider(t *testing.T) {
 			_, has := m.Metadata[webhook.MetadataTenantID]
 			require.Equal(t, tc.hasTenant, has)
 			require.Equal(t, tc.tenant, m.Metadata.Get(webhook.MetadataTenantID))
-			require.Equal(t, tc.provider, m.Metadata.Get(webhook.MetadataWebhookProvider))
+			require.Equal(t, tc.provider, m.Metadata.Get(webhook.MetadataProvider))
 		})
 	}
 }
 
-// TestWebhookReceiverMessageContext: the message outlives the request's
+// TestReceiverMessageContext: the message outlives the request's
 // cancellation (a provider hanging up must not abort the publish) but keeps
 // its values (trace IDs).
-func TestWebhookReceiverMessageContext(t *testing.T) {
+func TestReceiverMessageContext(t *testing.T) {
 	t.Parallel()
 	type key struct{}
 	pub := &recordingPublisher{}
-	h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.GitHubVerifier("s")})
+	h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.GitHubVerifier("s")})
 	req := post(githubBody, map[string]string{"X-Hub-Signature-256": githubSign("s", githubBody), "X-GitHub-Delivery": "d-1"})
 	ctx, cancel := context.WithCancel(context.WithValue(req.Context(), key{}, "trace-1"))
 	cancel() // the provider hung up
@@ -539,37 +539,37 @@ func TestWebhookReceiverMessageContext(t *testing.T) {
 	require.Equal(t, "trace-1", m.Context().Value(key{}))
 }
 
-func TestWebhookConfigValidation(t *testing.T) {
+func TestReceiverConfigValidation(t *testing.T) {
 	t.Parallel()
 	pub := &recordingPublisher{}
 	cases := []struct {
 		name  string
 		pub   message.Publisher
-		cfg   webhook.WebhookConfig
+		cfg   webhook.ReceiverConfig
 		wants []string // every problem is reported at once
 	}{
-		{name: "empty", pub: pub, cfg: webhook.WebhookConfig{}, wants: []string{"Topic is required", "Verifier is required"}},
-		{name: "nil publisher", cfg: webhook.WebhookConfig{Topic: "t", Verifier: webhook.GitHubVerifier("s")}, wants: []string{"publisher is nil"}},
-		{name: "negative body limit", pub: pub, cfg: webhook.WebhookConfig{Topic: "t", Verifier: webhook.GitHubVerifier("s"), MaxBodyBytes: -1},
+		{name: "empty", pub: pub, cfg: webhook.ReceiverConfig{}, wants: []string{"Topic is required", "Verifier is required"}},
+		{name: "nil publisher", cfg: webhook.ReceiverConfig{Topic: "t", Verifier: webhook.GitHubVerifier("s")}, wants: []string{"publisher is nil"}},
+		{name: "negative body limit", pub: pub, cfg: webhook.ReceiverConfig{Topic: "t", Verifier: webhook.GitHubVerifier("s"), MaxBodyBytes: -1},
 			wants: []string{"MaxBodyBytes -1 is negative"}},
-		{name: "stripe without secrets", pub: pub, cfg: webhook.WebhookConfig{Topic: "t", Verifier: webhook.StripeVerifier()},
+		{name: "stripe without secrets", pub: pub, cfg: webhook.ReceiverConfig{Topic: "t", Verifier: webhook.StripeVerifier()},
 			wants: []string{"StripeVerifier: at least one secret is required"}},
 		{name: "stripe with an empty secret and a bad tolerance", pub: pub,
-			cfg:   webhook.WebhookConfig{Topic: "t", Verifier: &webhook.Stripe{Secrets: []string{"a", ""}, Tolerance: -time.Minute}},
+			cfg:   webhook.ReceiverConfig{Topic: "t", Verifier: &webhook.Stripe{Secrets: []string{"a", ""}, Tolerance: -time.Minute}},
 			wants: []string{"secret 1 is empty", "Tolerance -1m0s is negative"}},
-		{name: "github without secrets", pub: pub, cfg: webhook.WebhookConfig{Topic: "t", Verifier: webhook.GitHubVerifier()},
+		{name: "github without secrets", pub: pub, cfg: webhook.ReceiverConfig{Topic: "t", Verifier: webhook.GitHubVerifier()},
 			wants: []string{"GitHubVerifier: at least one secret is required"}},
 		{name: "standard webhooks secret not base64", pub: pub,
-			cfg:   webhook.WebhookConfig{Topic: "t", Verifier: webhook.StandardWebhooksVerifier(svixSecret, "whsec_not base64!")},
+			cfg:   webhook.ReceiverConfig{Topic: "t", Verifier: webhook.StandardWebhooksVerifier(svixSecret, "whsec_not base64!")},
 			wants: []string{"secret 1 is not base64"}},
-		{name: "hmac without headers", pub: pub, cfg: webhook.WebhookConfig{Topic: "t", Verifier: webhook.HMACVerifier(webhook.HMACConfig{
+		{name: "hmac without headers", pub: pub, cfg: webhook.ReceiverConfig{Topic: "t", Verifier: webhook.HMACVerifier(webhook.HMACConfig{
 			Secrets: []string{"s"}, Encoding: 7})},
 			wants: []string{"SignatureHeader is required", "IDHeader is required", "unknown Encoding 7"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			h, err := webhook.NewWebhookReceiver(tc.pub, tc.cfg)
+			h, err := webhook.NewReceiver(tc.pub, tc.cfg)
 			require.Nil(t, h)
 			require.ErrorIs(t, err, webhook.ErrInvalidConfig)
 			for _, w := range tc.wants {
@@ -579,12 +579,12 @@ func TestWebhookConfigValidation(t *testing.T) {
 	}
 }
 
-// TestWebhookReceiverConcurrent: one receiver serves many requests at once
+// TestReceiverConcurrent: one receiver serves many requests at once
 // (go test -race).
-func TestWebhookReceiverConcurrent(t *testing.T) {
+func TestReceiverConcurrent(t *testing.T) {
 	t.Parallel()
 	pub := &recordingPublisher{}
-	h := newReceiver(t, pub, webhook.WebhookConfig{Verifier: webhook.StandardWebhooksVerifier(svixSecret)})
+	h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.StandardWebhooksVerifier(svixSecret)})
 	var wg sync.WaitGroup
 	for i := range 32 {
 		wg.Go(func() {
