@@ -172,13 +172,33 @@ func checkTimestamp(ts, now time.Time, tolerance time.Duration) error {
 	if tolerance <= 0 {
 		tolerance = DefaultTolerance
 	}
-	switch d := now.Sub(ts); {
-	case d > tolerance:
-		return fmt.Errorf("%w: signed %v ago, tolerance %v", ErrTimestampOutOfRange, d.Truncate(time.Second), tolerance)
-	case -d > tolerance:
-		return fmt.Errorf("%w: signed %v in the future, tolerance %v", ErrTimestampOutOfRange, (-d).Truncate(time.Second), tolerance)
+	d, fits := distance(ts, now)
+	if fits && d <= tolerance {
+		return nil
 	}
-	return nil
+	far := d.Truncate(time.Second).String()
+	if !fits {
+		far = "more than " + far
+	}
+	if ts.Before(now) {
+		return fmt.Errorf("%w: signed %s ago, tolerance %v", ErrTimestampOutOfRange, far, tolerance)
+	}
+	return fmt.Errorf("%w: signed %s in the future, tolerance %v", ErrTimestampOutOfRange, far, tolerance)
+}
+
+// distance is how far apart a and b are, and whether that fits a
+// time.Duration. time.Time.Sub saturates at about 292 years, so a
+// difference of that size may be far larger; and negating the saturated
+// minimum overflows back to it, so that a check of -now.Sub(ts) against
+// the tolerance passes timestamps centuries ahead. Taking the later minus
+// the earlier never negates, and adding the result back tells an exact
+// difference from a saturated one.
+func distance(a, b time.Time) (d time.Duration, fits bool) {
+	if a.After(b) {
+		a, b = b, a
+	}
+	d = b.Sub(a)
+	return d, a.Add(d).Equal(b)
 }
 
 // validateSecrets is shared by the built-in verifiers' validate methods.

@@ -247,6 +247,75 @@ func TestToleranceSettings(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestTimestampsFarFromNow: a timestamp centuries away is as far outside
+// the tolerance as one six minutes away, whichever way, however far the
+// seconds are from what a time.Duration holds. Every request is signed
+// correctly (with the check off each is accepted), so only the timestamp
+// check can refuse it.
+func TestTimestampsFarFromNow(t *testing.T) {
+	t.Parallel()
+	const maxDuration = time.Duration(1<<63 - 1)
+	cases := []struct {
+		name      string
+		t         string    // the signed timestamp, as written in the header
+		now       time.Time // the receiver's clock
+		tolerance time.Duration
+	}{
+		{name: "year 2603", t: "20000000000", now: testNow},
+		{name: "first second whose nanoseconds overflow int64", t: "9223372037", now: testNow},
+		{name: "last second whose nanoseconds fit int64", t: "9223372036", now: testNow},
+		{name: "largest timestamp parsed", t: "999999999999999999", now: testNow},
+		{name: "293 years ahead", t: fmt.Sprint(testNow.AddDate(293, 0, 0).Unix()), now: testNow},
+		{name: "1970", t: "0", now: testNow},
+		{name: "clock at the zero time", t: fmt.Sprint(testNow.Unix()), now: time.Time{}},
+		{name: "clock 30000 years ahead", t: fmt.Sprint(testNow.Unix()), now: testNow.AddDate(30000, 0, 0)},
+		{name: "a century of tolerance", t: "20000000000", now: testNow, tolerance: 100 * 365 * 24 * time.Hour},
+		{name: "the widest tolerance", t: "999999999999999999", now: testNow, tolerance: maxDuration},
+	}
+	for _, tc := range cases {
+		requests := []struct {
+			scheme   string
+			verifier func(tolerance time.Duration) webhook.Verifier
+			body     string
+			headers  map[string]string
+		}{
+			{
+				scheme: "stripe",
+				verifier: func(tolerance time.Duration) webhook.Verifier {
+					return &webhook.Stripe{Secrets: []string{"whsec_s"}, Tolerance: tolerance}
+				},
+				body:    stripeBody,
+				headers: map[string]string{"Stripe-Signature": stripeSignAt("whsec_s", tc.t, stripeBody)},
+			},
+			{
+				scheme: "standardwebhooks",
+				verifier: func(tolerance time.Duration) webhook.Verifier {
+					return &webhook.StandardWebhooks{Secrets: []string{svixSecret}, Tolerance: tolerance}
+				},
+				body: svixBody,
+				headers: map[string]string{"webhook-id": "msg_1", "webhook-timestamp": tc.t,
+					"webhook-signature": standardSignAt(svixSecret, "msg_1", tc.t, svixBody)},
+			},
+		}
+		for _, r := range requests {
+			t.Run(r.scheme+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				_, err := r.verifier(-1).Verify(post(r.body, r.headers), []byte(r.body), tc.now)
+				require.NoError(t, err, "the signature is valid")
+
+				v := r.verifier(tc.tolerance)
+				_, err = v.Verify(post(r.body, r.headers), []byte(r.body), tc.now)
+				require.ErrorIs(t, err, webhook.ErrTimestampOutOfRange)
+
+				pub := &recordingPublisher{}
+				h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: v, Now: func() time.Time { return tc.now }})
+				require.Equal(t, http.StatusUnauthorized, serve(h, post(r.body, r.headers)))
+				require.Empty(t, pub.published())
+			})
+		}
+	}
+}
+
 // TestVerifierErrorsAreClassified: a wrong signature is reported as a
 // mismatch whether or not its timestamp is also stale, so a caller never
 // mistakes a forgery for a clock problem.

@@ -40,7 +40,12 @@ func hmacSHA256(key []byte, parts ...string) []byte {
 // stripeSign is a Stripe-Signature header: HMAC-SHA256 of "<t>.<body>",
 // the secret's text as the key.
 func stripeSign(secret string, ts time.Time, body string) string {
-	t := fmt.Sprint(ts.Unix())
+	return stripeSignAt(secret, fmt.Sprint(ts.Unix()), body)
+}
+
+// stripeSignAt is stripeSign with the timestamp as it is written in the
+// header, so that any text can be signed.
+func stripeSignAt(secret, t, body string) string {
 	return "t=" + t + ",v1=" + hex.EncodeToString(hmacSHA256([]byte(secret), t, ".", body))
 }
 
@@ -52,11 +57,16 @@ func githubSign(secret, body string) string {
 // standardSign is one webhook-signature entry: HMAC-SHA256 of
 // "<id>.<timestamp>.<body>" keyed by the base64 secret after "whsec_".
 func standardSign(secret, id string, ts time.Time, body string) string {
+	return standardSignAt(secret, id, fmt.Sprint(ts.Unix()), body)
+}
+
+// standardSignAt is standardSign with the webhook-timestamp header's text.
+func standardSignAt(secret, id, t, body string) string {
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
 	if err != nil {
 		panic(err)
 	}
-	return "v1," + base64.StdEncoding.EncodeToString(hmacSHA256(key, id, ".", fmt.Sprint(ts.Unix()), ".", body))
+	return "v1," + base64.StdEncoding.EncodeToString(hmacSHA256(key, id, ".", t, ".", body))
 }
 
 // recordingPublisher keeps what was published, or fails every publish.
