@@ -61,10 +61,13 @@
 // # Event IDs
 //
 // The event ID becomes the inbox key, so it must be one: at most 255 bytes
-// of valid UTF-8 without a NUL byte. An authentic request whose ID is
-// missing or unusable is answered 400 ([ErrMissingEventID],
-// [ErrInvalidEventID]) and nothing is published; the provider retrying it
-// would not change that.
+// of valid UTF-8 without a NUL byte. An ID read from a JSON body (Stripe's
+// "id") must also decode without loss: encoding/json turns invalid UTF-8
+// and lone surrogate escapes such as "evt_\ud800" into U+FFFD, which would
+// give distinct events one key, so such a string is refused, by the same
+// rule as dedup.KeyFromJSON. An authentic request whose ID is missing or
+// unusable is answered 400 ([ErrMissingEventID], [ErrInvalidEventID]) and
+// nothing is published; the provider retrying it would not change that.
 //
 // # Errors
 //

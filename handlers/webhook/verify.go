@@ -1,7 +1,9 @@
 package webhook
 
 import (
+	"bytes"
 	"crypto/hmac"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
@@ -9,6 +11,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/inboxmill/inboxmill/internal/canonjson"
 )
 
 // Errors a [Verifier] returns, wrapped with detail that never contains the
@@ -40,7 +44,10 @@ var (
 	ErrMissingEventID = errors.New("webhook: no event ID")
 
 	// ErrInvalidEventID: the event ID cannot be an inbox key: longer than
-	// 255 bytes, not UTF-8, or containing a NUL byte.
+	// 255 bytes, not UTF-8, or containing a NUL byte; or, read from a JSON
+	// body, not a string, or one that holds invalid UTF-8 or a lone
+	// surrogate escape, which would decode to U+FFFD and look like another
+	// event's ID.
 	ErrInvalidEventID = errors.New("webhook: event ID is not a valid key")
 )
 
@@ -74,6 +81,12 @@ type Event struct {
 // body matches, and return an error wrapping one of the sentinel errors
 // above otherwise. Its errors are logged: they must not contain the body,
 // a secret or a signature. It must be safe for concurrent use.
+//
+// The receiver refuses an Event.ID that is not a valid inbox key, but it
+// cannot tell a U+FFFD that the provider sent from one that decoding
+// produced: a Verifier reading the ID from a JSON body with encoding/json
+// must refuse strings that do not decode losslessly (invalid UTF-8, lone
+// surrogate escapes) itself, as the Stripe verifier does.
 //
 // Implement it for a provider without a built-in verifier, or wrap one to
 // derive the tenant from the route:
@@ -121,6 +134,32 @@ func checkEventID(id string) error {
 		}
 	}
 	return nil
+}
+
+// jsonEventID decodes an event ID that a body holds as a JSON string,
+// and checks that it can be an inbox key. encoding/json decodes invalid
+// UTF-8 and lone surrogate escapes ("evt_\ud800") to U+FFFD, which would
+// give distinct events one event_id, so that all but the first would be
+// dropped as duplicates downstream; such a string is refused instead, by
+// the same rule as dedup.KeyFromJSON: the canonicaliser accepts only
+// strings that decode losslessly. A missing field or null is
+// ErrMissingEventID, any other non-string ErrInvalidEventID.
+func jsonEventID(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		return "", ErrMissingEventID
+	case raw[0] != '"':
+		return "", fmt.Errorf("%w: not a JSON string", ErrInvalidEventID)
+	}
+	if _, err := canonjson.Canonicalize(raw, nil); err != nil {
+		return "", fmt.Errorf("%w: not a valid UTF-8 string (invalid bytes or a lone surrogate escape)", ErrInvalidEventID)
+	}
+	var id string
+	if err := json.Unmarshal(raw, &id); err != nil {
+		return "", fmt.Errorf("%w: not a JSON string", ErrInvalidEventID)
+	}
+	return id, checkEventID(id)
 }
 
 // anyMAC reports whether one of sigs is the MAC of the parts under one of

@@ -447,6 +447,67 @@ func TestReceiverBadRequests(t *testing.T) {
 	}
 }
 
+// TestStripeEventIDs: the event ID read from the body is published exactly
+// as Stripe wrote it, or the request is refused. encoding/json turns
+// invalid UTF-8 and lone surrogate escapes into U+FFFD, which would fold
+// distinct events into one event_id and drop all but the first as
+// duplicates; those, and IDs that cannot be inbox keys, are answered 400
+// with nothing published. Every body is signed correctly.
+func TestStripeEventIDs(t *testing.T) {
+	t.Parallel()
+	body := func(id string) string { return `{"id":` + id + `,"object":"event","type":"charge.succeeded"}` }
+	cases := []struct {
+		name   string
+		id     string // the id field as written in the body
+		want   string // the event_id published; "" when refused
+		refuse error
+	}{
+		{name: "plain", id: `"evt_1"`, want: "evt_1"},
+		{name: "escaped letters", id: `"evt_\u0031"`, want: "evt_1"},
+		{name: "escaped U+FFFD itself", id: `"evt_\ufffd"`, want: "evt_\uFFFD"},
+		{name: "U+FFFD written out", id: "\"evt_\uFFFD\"", want: "evt_\uFFFD"},
+		{name: "surrogate pair", id: `"evt_\ud83d\ude00"`, want: "evt_\U0001F600"},
+		{name: "255 bytes after unescaping", id: `"` + strings.Repeat(`\u0041`, 255) + `"`, want: strings.Repeat("A", 255)},
+		{name: "lone high surrogate", id: `"evt_\ud800"`, refuse: webhook.ErrInvalidEventID},
+		{name: "another lone high surrogate", id: `"evt_\ud801"`, refuse: webhook.ErrInvalidEventID},
+		{name: "lone low surrogate", id: `"evt_\udfff"`, refuse: webhook.ErrInvalidEventID},
+		{name: "high surrogate before a letter", id: `"evt_\ud800\u0041"`, refuse: webhook.ErrInvalidEventID},
+		{name: "surrogates in the wrong order", id: `"evt_\ude00\ud83d"`, refuse: webhook.ErrInvalidEventID},
+		{name: "raw invalid byte", id: "\"evt_\xff\"", refuse: webhook.ErrInvalidEventID},
+		{name: "raw truncated sequence", id: "\"evt_\xe2\x82\"", refuse: webhook.ErrInvalidEventID},
+		{name: "raw encoded surrogate", id: "\"evt_\xed\xa0\x80\"", refuse: webhook.ErrInvalidEventID},
+		{name: "escaped NUL", id: `"evt_\u0000"`, refuse: webhook.ErrInvalidEventID},
+		{name: "256 bytes", id: `"evt_` + strings.Repeat("x", 252) + `"`, refuse: webhook.ErrInvalidEventID},
+		{name: "256 bytes after unescaping", id: `"` + strings.Repeat(`\u00e9`, 128) + `"`, refuse: webhook.ErrInvalidEventID},
+		{name: "a number", id: `1234`, refuse: webhook.ErrInvalidEventID},
+		{name: "empty", id: `""`, refuse: webhook.ErrMissingEventID},
+		{name: "null", id: `null`, refuse: webhook.ErrMissingEventID},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := body(tc.id)
+			headers := map[string]string{"Stripe-Signature": stripeSign("whsec_x", testNow, b)}
+			v := webhook.StripeVerifier("whsec_x")
+			pub := &recordingPublisher{}
+			h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: v})
+			code := serve(h, post(b, headers))
+			ev, err := v.Verify(post(b, headers), []byte(b), testNow)
+			if tc.refuse != nil {
+				require.ErrorIs(t, err, tc.refuse)
+				require.Equal(t, http.StatusBadRequest, code)
+				require.Empty(t, pub.published())
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, ev.ID)
+			require.Equal(t, http.StatusOK, code)
+			require.Len(t, pub.published(), 1)
+			require.Equal(t, tc.want, pub.published()[0].Metadata.Get(webhook.MetadataEventID))
+		})
+	}
+}
+
 // TestReceiverPublishFails: 503 and no 2xx, so the provider keeps
 // the event and retries it; the failure is logged without the body.
 func TestReceiverPublishFails(t *testing.T) {
