@@ -508,6 +508,62 @@ func TestStripeEventIDs(t *testing.T) {
 	}
 }
 
+// TestHeaderEventIDs: an event ID read from a header must be an inbox key
+// too; one with a NUL byte, over 255 bytes or not UTF-8 is answered 400
+// and nothing is published. The requests are signed correctly, the
+// Standard Webhooks ID included.
+func TestHeaderEventIDs(t *testing.T) {
+	t.Parallel()
+	hmacV := webhook.HMACVerifier(webhook.HMACConfig{Secrets: []string{"s"}, SignatureHeader: "X-Signature", IDHeader: "X-Event-Id"})
+	verifiers := []struct {
+		name     string
+		verifier webhook.Verifier
+		body     string
+		sign     func(id string) map[string]string
+	}{
+		{name: "github", verifier: webhook.GitHubVerifier("s"), body: githubBody, sign: func(id string) map[string]string {
+			return map[string]string{"X-Hub-Signature-256": githubSign("s", githubBody), "X-GitHub-Delivery": id}
+		}},
+		{name: "standardwebhooks", verifier: webhook.StandardWebhooksVerifier(svixSecret), body: svixBody, sign: func(id string) map[string]string {
+			return map[string]string{"webhook-id": id, "webhook-timestamp": fmt.Sprint(testNow.Unix()),
+				"webhook-signature": standardSign(svixSecret, id, testNow, svixBody)}
+		}},
+		{name: "hmac", verifier: hmacV, body: plainBody, sign: func(id string) map[string]string {
+			return map[string]string{"X-Signature": hex.EncodeToString(hmacSHA256([]byte("s"), plainBody)), "X-Event-Id": id}
+		}},
+	}
+	ids := []struct {
+		name string
+		id   string
+		ok   bool
+	}{
+		{name: "255 bytes", id: strings.Repeat("d", 255), ok: true},
+		{name: "256 bytes", id: strings.Repeat("d", 256)},
+		{name: "NUL byte", id: "d-\x00-1"},
+		{name: "invalid UTF-8", id: "d-\xff"},
+	}
+	for _, v := range verifiers {
+		for _, tc := range ids {
+			t.Run(v.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				pub := &recordingPublisher{}
+				h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: v.verifier})
+				code := serve(h, post(v.body, v.sign(tc.id)))
+				_, err := v.verifier.Verify(post(v.body, v.sign(tc.id)), []byte(v.body), testNow)
+				if tc.ok {
+					require.NoError(t, err)
+					require.Equal(t, http.StatusOK, code)
+					require.Equal(t, tc.id, pub.published()[0].Metadata.Get(webhook.MetadataEventID))
+					return
+				}
+				require.ErrorIs(t, err, webhook.ErrInvalidEventID)
+				require.Equal(t, http.StatusBadRequest, code)
+				require.Empty(t, pub.published())
+			})
+		}
+	}
+}
+
 // TestReceiverPublishFails: 503 and no 2xx, so the provider keeps
 // the event and retries it; the failure is logged without the body.
 func TestReceiverPublishFails(t *testing.T) {
