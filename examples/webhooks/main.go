@@ -38,7 +38,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/inboxmill/inboxmill/dedup"
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/handlers/webhook"
 )
 
 func main() {
@@ -81,8 +81,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 
 	// The consumer: one handler per provider, each running an event once.
 	d, err := dedup.New(b.store, dedup.Config{
-		Key:   dedup.KeyFromMetadata(handlers.MetadataEventID),
-		Scope: dedup.ScopeFromMetadata(handlers.MetadataTenantID),
+		Key:   dedup.KeyFromMetadata(webhook.MetadataEventID),
+		Scope: dedup.ScopeFromMetadata(webhook.MetadataTenantID),
 		// Stripe's pending_webhooks can differ between two deliveries of
 		// one event; without this the second would be a payload conflict.
 		IgnoreFields: []string{"pending_webhooks"},
@@ -109,8 +109,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		}
 		_, err := tx.ExecContext(msg.Context(),
 			fmt.Sprintf(`INSERT INTO %s (provider, event_id, event_type) VALUES (%s, %s, %s)`, b.effects, b.ph(1), b.ph(2), b.ph(3)),
-			msg.Metadata.Get(handlers.MetadataWebhookProvider), msg.Metadata.Get(handlers.MetadataEventID),
-			msg.Metadata.Get(handlers.MetadataWebhookEventType))
+			msg.Metadata.Get(webhook.MetadataProvider), msg.Metadata.Get(webhook.MetadataEventID),
+			msg.Metadata.Get(webhook.MetadataEventType))
 		return err
 	}
 	router.AddConsumerHandler("record_payment", b.stripeTopic, b.subscriber, record)
@@ -129,14 +129,14 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 
 	// The ingress: one receiver per provider, each with its secret.
 	pub := &countingPublisher{Publisher: b.publisher}
-	stripe, err := handlers.NewWebhookReceiver(pub, handlers.WebhookConfig{
-		Topic: b.stripeTopic, Verifier: handlers.StripeVerifier(stripeSecret), Tenant: "acme",
+	stripe, err := webhook.NewReceiver(pub, webhook.ReceiverConfig{
+		Topic: b.stripeTopic, Verifier: webhook.StripeVerifier(stripeSecret), Tenant: "acme",
 	})
 	if err != nil {
 		return sum, err
 	}
-	github, err := handlers.NewWebhookReceiver(pub, handlers.WebhookConfig{
-		Topic: b.githubTopic, Verifier: handlers.GitHubVerifier(githubSecret), Tenant: "acme",
+	github, err := webhook.NewReceiver(pub, webhook.ReceiverConfig{
+		Topic: b.githubTopic, Verifier: webhook.GitHubVerifier(githubSecret), Tenant: "acme",
 	})
 	if err != nil {
 		return sum, err

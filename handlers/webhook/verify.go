@@ -1,7 +1,9 @@
-package handlers
+package webhook
 
 import (
+	"bytes"
 	"crypto/hmac"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
@@ -9,6 +11,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/inboxmill/inboxmill/internal/canonjson"
 )
 
 // Errors a [Verifier] returns, wrapped with detail that never contains the
@@ -19,29 +23,32 @@ import (
 var (
 	// ErrMissingSignature: the request carries no signature, or lacks a
 	// header the signature covers (a timestamp, a message ID).
-	ErrMissingSignature = errors.New("handlers: webhook signature missing")
+	ErrMissingSignature = errors.New("webhook: signature missing")
 
 	// ErrMalformedHeader: a signature or timestamp header is present but not
 	// in the provider's format.
-	ErrMalformedHeader = errors.New("handlers: malformed webhook signature header")
+	ErrMalformedHeader = errors.New("webhook: malformed signature header")
 
 	// ErrSignatureMismatch: no signature in the request matches the body
 	// under any configured secret — a tampered body, a wrong or retired
 	// secret, or a forgery.
-	ErrSignatureMismatch = errors.New("handlers: webhook signature mismatch")
+	ErrSignatureMismatch = errors.New("webhook: signature mismatch")
 
 	// ErrTimestampOutOfRange: the signature is valid but its signed
 	// timestamp is further from now than the tolerance, in the past (a
 	// replay of a captured request) or in the future.
-	ErrTimestampOutOfRange = errors.New("handlers: webhook timestamp outside the tolerance")
+	ErrTimestampOutOfRange = errors.New("webhook: timestamp outside the tolerance")
 
 	// ErrMissingEventID: the request is authentic but carries no event or
 	// delivery ID to deduplicate on.
-	ErrMissingEventID = errors.New("handlers: webhook has no event ID")
+	ErrMissingEventID = errors.New("webhook: no event ID")
 
 	// ErrInvalidEventID: the event ID cannot be an inbox key: longer than
-	// 255 bytes, not UTF-8, or containing a NUL byte.
-	ErrInvalidEventID = errors.New("handlers: webhook event ID is not a valid key")
+	// 255 bytes, not UTF-8, or containing a NUL byte; or, read from a JSON
+	// body, not a string, or one that holds invalid UTF-8 or a lone
+	// surrogate escape, which would decode to U+FFFD and look like another
+	// event's ID.
+	ErrInvalidEventID = errors.New("webhook: event ID is not a valid key")
 )
 
 // DefaultTolerance is how far a signed timestamp may be from now, either
@@ -75,10 +82,16 @@ type Event struct {
 // above otherwise. Its errors are logged: they must not contain the body,
 // a secret or a signature. It must be safe for concurrent use.
 //
+// The receiver refuses an Event.ID that is not a valid inbox key, but it
+// cannot tell a U+FFFD that the provider sent from one that decoding
+// produced: a Verifier reading the ID from a JSON body with encoding/json
+// must refuse strings that do not decode losslessly (invalid UTF-8, lone
+// surrogate escapes) itself, as the Stripe verifier does.
+//
 // Implement it for a provider without a built-in verifier, or wrap one to
 // derive the tenant from the route:
 //
-//	v := handlers.VerifierFunc(func(r *http.Request, body []byte, now time.Time) (handlers.Event, error) {
+//	v := webhook.VerifierFunc(func(r *http.Request, body []byte, now time.Time) (webhook.Event, error) {
 //		ev, err := stripe.Verify(r, body, now)
 //		ev.Tenant = r.PathValue("tenant")
 //		return ev, err
@@ -96,7 +109,7 @@ func (f VerifierFunc) Verify(r *http.Request, body []byte, now time.Time) (Event
 }
 
 // validator is implemented by the built-in verifiers so that
-// NewWebhookReceiver reports a misconfigured one at construction rather
+// NewReceiver reports a misconfigured one at construction rather
 // than answering 401 to every request.
 type validator interface {
 	validate() error
@@ -121,6 +134,32 @@ func checkEventID(id string) error {
 		}
 	}
 	return nil
+}
+
+// jsonEventID decodes an event ID that a body holds as a JSON string,
+// and checks that it can be an inbox key. encoding/json decodes invalid
+// UTF-8 and lone surrogate escapes ("evt_\ud800") to U+FFFD, which would
+// give distinct events one event_id, so that all but the first would be
+// dropped as duplicates downstream; such a string is refused instead, by
+// the same rule as dedup.KeyFromJSON: the canonicaliser accepts only
+// strings that decode losslessly. A missing field or null is
+// ErrMissingEventID, any other non-string ErrInvalidEventID.
+func jsonEventID(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		return "", ErrMissingEventID
+	case raw[0] != '"':
+		return "", fmt.Errorf("%w: not a JSON string", ErrInvalidEventID)
+	}
+	if _, err := canonjson.Canonicalize(raw, nil); err != nil {
+		return "", fmt.Errorf("%w: not a valid UTF-8 string (invalid bytes or a lone surrogate escape)", ErrInvalidEventID)
+	}
+	var id string
+	if err := json.Unmarshal(raw, &id); err != nil {
+		return "", fmt.Errorf("%w: not a JSON string", ErrInvalidEventID)
+	}
+	return id, checkEventID(id)
 }
 
 // anyMAC reports whether one of sigs is the MAC of the parts under one of
@@ -172,13 +211,33 @@ func checkTimestamp(ts, now time.Time, tolerance time.Duration) error {
 	if tolerance <= 0 {
 		tolerance = DefaultTolerance
 	}
-	switch d := now.Sub(ts); {
-	case d > tolerance:
-		return fmt.Errorf("%w: signed %v ago, tolerance %v", ErrTimestampOutOfRange, d.Truncate(time.Second), tolerance)
-	case -d > tolerance:
-		return fmt.Errorf("%w: signed %v in the future, tolerance %v", ErrTimestampOutOfRange, (-d).Truncate(time.Second), tolerance)
+	d, fits := distance(ts, now)
+	if fits && d <= tolerance {
+		return nil
 	}
-	return nil
+	far := d.Truncate(time.Second).String()
+	if !fits {
+		far = "more than " + far
+	}
+	if ts.Before(now) {
+		return fmt.Errorf("%w: signed %s ago, tolerance %v", ErrTimestampOutOfRange, far, tolerance)
+	}
+	return fmt.Errorf("%w: signed %s in the future, tolerance %v", ErrTimestampOutOfRange, far, tolerance)
+}
+
+// distance is how far apart a and b are, and whether that fits a
+// time.Duration. time.Time.Sub saturates at about 292 years, so a
+// difference of that size may be far larger; and negating the saturated
+// minimum overflows back to it, so that a check of -now.Sub(ts) against
+// the tolerance passes timestamps centuries ahead. Taking the later minus
+// the earlier never negates, and adding the result back tells an exact
+// difference from a saturated one.
+func distance(a, b time.Time) (d time.Duration, fits bool) {
+	if a.After(b) {
+		a, b = b, a
+	}
+	d = b.Sub(a)
+	return d, a.Add(d).Equal(b)
 }
 
 // validateSecrets is shared by the built-in verifiers' validate methods.

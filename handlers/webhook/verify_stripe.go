@@ -1,4 +1,4 @@
-package handlers
+package webhook
 
 import (
 	"crypto/sha256"
@@ -67,17 +67,18 @@ func (v *Stripe) Verify(r *http.Request, body []byte, now time.Time) (Event, err
 		return Event{}, err
 	}
 	var ev struct {
-		ID      string `json:"id"`
-		Type    string `json:"type"`
-		Account string `json:"account"`
+		ID      json.RawMessage `json:"id"`
+		Type    string          `json:"type"`
+		Account string          `json:"account"`
 	}
 	if err := json.Unmarshal(body, &ev); err != nil {
 		return Event{}, fmt.Errorf("%w: the body is not a Stripe event object", ErrMissingEventID)
 	}
-	if err := checkEventID(ev.ID); err != nil {
-		return Event{}, err
+	id, err := jsonEventID(ev.ID)
+	if err != nil {
+		return Event{}, fmt.Errorf("%w (body field id)", err)
 	}
-	return Event{ID: ev.ID, Type: ev.Type, Tenant: ev.Account, Provider: "stripe", Timestamp: ts}, nil
+	return Event{ID: id, Type: ev.Type, Tenant: ev.Account, Provider: "stripe", Timestamp: ts}, nil
 }
 
 // parseStripeSignature splits "t=...,v1=...,v1=...,v0=..." into the

@@ -1,4 +1,4 @@
-package handlers_test
+package webhook_test
 
 import (
 	"crypto/hmac"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/handlers/webhook"
 )
 
 // Signatures produced by the providers' own code, not by this package's
@@ -22,17 +22,17 @@ func TestKnownVectors(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name     string
-		verifier handlers.Verifier
+		verifier webhook.Verifier
 		headers  map[string]string
 		body     string
 		now      time.Time
-		want     handlers.Event
+		want     webhook.Event
 	}{
 		{
 			// The test vector published with the Standard Webhooks
 			// specification (also in Svix's libraries).
 			name:     "standard webhooks specification",
-			verifier: handlers.StandardWebhooksVerifier("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+			verifier: webhook.StandardWebhooksVerifier("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
 			headers: map[string]string{
 				"webhook-id":        "msg_p5jXN8AQM9LWM0D4loKWxJek",
 				"webhook-timestamp": "1614265330",
@@ -40,13 +40,13 @@ func TestKnownVectors(t *testing.T) {
 			},
 			body: `{"test": 2432232314}`,
 			now:  time.Unix(1614265330, 0),
-			want: handlers.Event{ID: "msg_p5jXN8AQM9LWM0D4loKWxJek", Provider: "standardwebhooks", Timestamp: time.Unix(1614265330, 0)},
+			want: webhook.Event{ID: "msg_p5jXN8AQM9LWM0D4loKWxJek", Provider: "standardwebhooks", Timestamp: time.Unix(1614265330, 0)},
 		},
 		{
 			// Signed by svix-webhooks v1.44.0 (Go: Webhook.Sign), sent with
 			// Svix's own header names.
 			name:     "svix library, svix- headers",
-			verifier: handlers.StandardWebhooksVerifier("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+			verifier: webhook.StandardWebhooksVerifier("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
 			headers: map[string]string{
 				"svix-id":        "msg_2Lh9KRb0pzN4LePd3XiA4gF1",
 				"svix-timestamp": "1700000000",
@@ -54,25 +54,25 @@ func TestKnownVectors(t *testing.T) {
 			},
 			body: `{"type":"invoice.paid","data":{"id":"in_1"}}`,
 			now:  time.Unix(1700000030, 0),
-			want: handlers.Event{ID: "msg_2Lh9KRb0pzN4LePd3XiA4gF1", Type: "invoice.paid", Provider: "standardwebhooks",
+			want: webhook.Event{ID: "msg_2Lh9KRb0pzN4LePd3XiA4gF1", Type: "invoice.paid", Provider: "standardwebhooks",
 				Timestamp: time.Unix(1700000000, 0)},
 		},
 		{
 			// Signed by stripe-go v82.5.1's webhook.GenerateTestSignedPayload.
 			name:     "stripe-go",
-			verifier: handlers.StripeVerifier("whsec_inboxmill_stripe_test_secret"),
+			verifier: webhook.StripeVerifier("whsec_inboxmill_stripe_test_secret"),
 			headers: map[string]string{
 				"Stripe-Signature": "t=1700000000,v1=df8895853c39a31700569b4792c8178f1bb7a8239f455f9e1d3b910224a966ab",
 			},
 			body: stripeBody,
 			now:  time.Unix(1700000100, 0),
-			want: handlers.Event{ID: "evt_1NG8Du2eZvKYlo2CUI79vXWy", Type: "payment_intent.succeeded",
+			want: webhook.Event{ID: "evt_1NG8Du2eZvKYlo2CUI79vXWy", Type: "payment_intent.succeeded",
 				Tenant: "acct_1032D82eZvKYlo2C", Provider: "stripe", Timestamp: time.Unix(1700000000, 0)},
 		},
 		{
 			// The example in GitHub's "Validating webhook deliveries".
 			name:     "github documentation",
-			verifier: handlers.GitHubVerifier("It's a Secret to Everybody"),
+			verifier: webhook.GitHubVerifier("It's a Secret to Everybody"),
 			headers: map[string]string{
 				"X-Hub-Signature-256": "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17",
 				"X-GitHub-Delivery":   "72d3162e-cc78-11e3-81ab-4c9367dc0958",
@@ -80,12 +80,12 @@ func TestKnownVectors(t *testing.T) {
 			},
 			body: "Hello, World!",
 			now:  time.Unix(1700000000, 0),
-			want: handlers.Event{ID: "72d3162e-cc78-11e3-81ab-4c9367dc0958", Type: "ping", Provider: "github"},
+			want: webhook.Event{ID: "72d3162e-cc78-11e3-81ab-4c9367dc0958", Type: "ping", Provider: "github"},
 		},
 		{
 			// Signed by @octokit/webhooks-methods (GitHub's JavaScript SDK).
 			name:     "octokit",
-			verifier: handlers.GitHubVerifier("inboxmill-github-secret"),
+			verifier: webhook.GitHubVerifier("inboxmill-github-secret"),
 			headers: map[string]string{
 				"X-Hub-Signature-256": "sha256=50220ca02f8dfbdf6d820e292ddbb0c387ea58bfe3f0a9e92a8b0d428382135d",
 				"X-GitHub-Delivery":   "d-42",
@@ -93,7 +93,7 @@ func TestKnownVectors(t *testing.T) {
 			},
 			body: githubBody,
 			now:  time.Unix(1700000000, 0),
-			want: handlers.Event{ID: "d-42", Type: "pull_request", Tenant: "4242", Provider: "github"},
+			want: webhook.Event{ID: "d-42", Type: "pull_request", Tenant: "4242", Provider: "github"},
 		},
 	}
 	for _, tc := range cases {
@@ -129,26 +129,26 @@ func TestStripeSignatureHeader(t *testing.T) {
 		{name: "v0 and unknown schemes ignored", header: "t=1700000000,v0=" + other + ",v1=" + v1 + ",x=y"},
 		{name: "spaces around entries", header: "t=1700000000, v1=" + v1},
 		{name: "upper-case hex", header: "t=1700000000,v1=" + strings.ToUpper(v1)},
-		{name: "only v0", header: "t=1700000000,v0=" + v1, err: handlers.ErrMissingSignature},
-		{name: "no timestamp", header: "v1=" + v1, err: handlers.ErrMalformedHeader},
-		{name: "two timestamps", header: "t=1700000000,t=1700000000,v1=" + v1, err: handlers.ErrMalformedHeader},
-		{name: "negative timestamp", header: "t=-1700000000,v1=" + v1, err: handlers.ErrMalformedHeader},
-		{name: "signed timestamp", header: "t=+1700000000,v1=" + v1, err: handlers.ErrMalformedHeader},
-		{name: "timestamp with a fraction", header: "t=1700000000.0,v1=" + v1, err: handlers.ErrMalformedHeader},
-		{name: "huge timestamp", header: "t=99999999999999999999,v1=" + v1, err: handlers.ErrMalformedHeader},
-		{name: "entry without =", header: "t=1700000000,v1", err: handlers.ErrMalformedHeader},
-		{name: "v1 not hex", header: "t=1700000000,v1=" + strings.Repeat("z", 64), err: handlers.ErrMalformedHeader},
-		{name: "v1 truncated", header: "t=1700000000,v1=" + v1[:62], err: handlers.ErrMalformedHeader},
-		{name: "v1 empty", header: "t=1700000000,v1=", err: handlers.ErrMalformedHeader},
-		{name: "leading zero changes the signed text", header: "t=01700000000,v1=" + v1, err: handlers.ErrSignatureMismatch},
-		{name: "v1 of another timestamp", header: "t=1700000001,v1=" + v1, err: handlers.ErrSignatureMismatch},
-		{name: "empty", header: "", err: handlers.ErrMissingSignature},
-		{name: "comma only", header: ",", err: handlers.ErrMalformedHeader},
+		{name: "only v0", header: "t=1700000000,v0=" + v1, err: webhook.ErrMissingSignature},
+		{name: "no timestamp", header: "v1=" + v1, err: webhook.ErrMalformedHeader},
+		{name: "two timestamps", header: "t=1700000000,t=1700000000,v1=" + v1, err: webhook.ErrMalformedHeader},
+		{name: "negative timestamp", header: "t=-1700000000,v1=" + v1, err: webhook.ErrMalformedHeader},
+		{name: "signed timestamp", header: "t=+1700000000,v1=" + v1, err: webhook.ErrMalformedHeader},
+		{name: "timestamp with a fraction", header: "t=1700000000.0,v1=" + v1, err: webhook.ErrMalformedHeader},
+		{name: "huge timestamp", header: "t=99999999999999999999,v1=" + v1, err: webhook.ErrMalformedHeader},
+		{name: "entry without =", header: "t=1700000000,v1", err: webhook.ErrMalformedHeader},
+		{name: "v1 not hex", header: "t=1700000000,v1=" + strings.Repeat("z", 64), err: webhook.ErrMalformedHeader},
+		{name: "v1 truncated", header: "t=1700000000,v1=" + v1[:62], err: webhook.ErrMalformedHeader},
+		{name: "v1 empty", header: "t=1700000000,v1=", err: webhook.ErrMalformedHeader},
+		{name: "leading zero changes the signed text", header: "t=01700000000,v1=" + v1, err: webhook.ErrSignatureMismatch},
+		{name: "v1 of another timestamp", header: "t=1700000001,v1=" + v1, err: webhook.ErrSignatureMismatch},
+		{name: "empty", header: "", err: webhook.ErrMissingSignature},
+		{name: "comma only", header: ",", err: webhook.ErrMalformedHeader},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := handlers.StripeVerifier(secret).Verify(post(stripeBody, map[string]string{"Stripe-Signature": tc.header}),
+			_, err := webhook.StripeVerifier(secret).Verify(post(stripeBody, map[string]string{"Stripe-Signature": tc.header}),
 				[]byte(stripeBody), testNow)
 			if tc.err == nil {
 				require.NoError(t, err)
@@ -175,23 +175,23 @@ func TestStandardWebhooksHeaders(t *testing.T) {
 		{name: "asymmetric entries ignored", headers: map[string]string{"webhook-id": id, "webhook-timestamp": ts,
 			"webhook-signature": "v1a,aGVsbG8= " + good}},
 		{name: "only asymmetric entries", headers: map[string]string{"webhook-id": id, "webhook-timestamp": ts,
-			"webhook-signature": "v1a,aGVsbG8="}, err: handlers.ErrMissingSignature},
-		{name: "no id", headers: map[string]string{"webhook-timestamp": ts, "webhook-signature": good}, err: handlers.ErrMissingSignature},
-		{name: "no timestamp", headers: map[string]string{"webhook-id": id, "webhook-signature": good}, err: handlers.ErrMissingSignature},
+			"webhook-signature": "v1a,aGVsbG8="}, err: webhook.ErrMissingSignature},
+		{name: "no id", headers: map[string]string{"webhook-timestamp": ts, "webhook-signature": good}, err: webhook.ErrMissingSignature},
+		{name: "no timestamp", headers: map[string]string{"webhook-id": id, "webhook-signature": good}, err: webhook.ErrMissingSignature},
 		{name: "timestamp not a number", headers: map[string]string{"webhook-id": id, "webhook-timestamp": "2023-11-14T22:13:20Z",
-			"webhook-signature": good}, err: handlers.ErrMalformedHeader},
+			"webhook-signature": good}, err: webhook.ErrMalformedHeader},
 		{name: "other id", headers: map[string]string{"webhook-id": "msg_2", "webhook-timestamp": ts, "webhook-signature": good},
-			err: handlers.ErrSignatureMismatch},
+			err: webhook.ErrSignatureMismatch},
 		{name: "signature without version", headers: map[string]string{"webhook-id": id, "webhook-timestamp": ts,
-			"webhook-signature": strings.TrimPrefix(good, "v1,")}, err: handlers.ErrMissingSignature},
+			"webhook-signature": strings.TrimPrefix(good, "v1,")}, err: webhook.ErrMissingSignature},
 		{name: "truncated signature", headers: map[string]string{"webhook-id": id, "webhook-timestamp": ts,
-			"webhook-signature": good[:len(good)-4]}, err: handlers.ErrMalformedHeader},
+			"webhook-signature": good[:len(good)-4]}, err: webhook.ErrMalformedHeader},
 		{name: "svix headers", headers: map[string]string{"svix-id": id, "svix-timestamp": ts, "svix-signature": good}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			v := handlers.StandardWebhooksVerifier(svixSecret, svixNextSecret)
+			v := webhook.StandardWebhooksVerifier(svixSecret, svixNextSecret)
 			_, err := v.Verify(post(svixBody, tc.headers), []byte(svixBody), testNow)
 			if tc.err == nil {
 				require.NoError(t, err)
@@ -208,8 +208,8 @@ func TestGitHubRejectsSHA1(t *testing.T) {
 	// not accepted is a missing signature.
 	m := hmacSHA1([]byte("s"), githubBody)
 	headers := map[string]string{"X-Hub-Signature": "sha1=" + hex.EncodeToString(m), "X-GitHub-Delivery": "d-1"}
-	_, err := handlers.GitHubVerifier("s").Verify(post(githubBody, headers), []byte(githubBody), testNow)
-	require.ErrorIs(t, err, handlers.ErrMissingSignature)
+	_, err := webhook.GitHubVerifier("s").Verify(post(githubBody, headers), []byte(githubBody), testNow)
+	require.ErrorIs(t, err, webhook.ErrMissingSignature)
 }
 
 func hmacSHA1(key []byte, body string) []byte {
@@ -223,9 +223,9 @@ func TestToleranceSettings(t *testing.T) {
 	old := testNow.Add(-time.Hour)
 	headers := map[string]string{"Stripe-Signature": stripeSign("whsec_s", old, stripeBody)}
 
-	v := handlers.StripeVerifier("whsec_s")
+	v := webhook.StripeVerifier("whsec_s")
 	_, err := v.Verify(post(stripeBody, headers), []byte(stripeBody), testNow)
-	require.ErrorIs(t, err, handlers.ErrTimestampOutOfRange, "default: 5 minutes")
+	require.ErrorIs(t, err, webhook.ErrTimestampOutOfRange, "default: 5 minutes")
 
 	v.Tolerance = 2 * time.Hour
 	_, err = v.Verify(post(stripeBody, headers), []byte(stripeBody), testNow)
@@ -235,16 +235,85 @@ func TestToleranceSettings(t *testing.T) {
 	_, err = v.Verify(post(stripeBody, headers), []byte(stripeBody), testNow.Add(24*365*time.Hour))
 	require.NoError(t, err, "-1 disables the check")
 
-	sw := &handlers.StandardWebhooks{Secrets: []string{svixSecret}, Tolerance: 30 * time.Second}
+	sw := &webhook.StandardWebhooks{Secrets: []string{svixSecret}, Tolerance: 30 * time.Second}
 	swHeaders := func(ts time.Time) map[string]string {
 		return map[string]string{"webhook-id": "m", "webhook-timestamp": fmt.Sprint(ts.Unix()), "webhook-signature": standardSign(svixSecret, "m", ts, svixBody)}
 	}
 	_, err = sw.Verify(post(svixBody, swHeaders(testNow.Add(-31*time.Second))), []byte(svixBody), testNow)
-	require.ErrorIs(t, err, handlers.ErrTimestampOutOfRange)
+	require.ErrorIs(t, err, webhook.ErrTimestampOutOfRange)
 	_, err = sw.Verify(post(svixBody, swHeaders(testNow.Add(31*time.Second))), []byte(svixBody), testNow)
-	require.ErrorIs(t, err, handlers.ErrTimestampOutOfRange)
+	require.ErrorIs(t, err, webhook.ErrTimestampOutOfRange)
 	_, err = sw.Verify(post(svixBody, swHeaders(testNow.Add(29*time.Second))), []byte(svixBody), testNow)
 	require.NoError(t, err)
+}
+
+// TestTimestampsFarFromNow: a timestamp centuries away is as far outside
+// the tolerance as one six minutes away, whichever way, however far the
+// seconds are from what a time.Duration holds. Every request is signed
+// correctly (with the check off each is accepted), so only the timestamp
+// check can refuse it.
+func TestTimestampsFarFromNow(t *testing.T) {
+	t.Parallel()
+	const maxDuration = time.Duration(1<<63 - 1)
+	cases := []struct {
+		name      string
+		t         string    // the signed timestamp, as written in the header
+		now       time.Time // the receiver's clock
+		tolerance time.Duration
+	}{
+		{name: "year 2603", t: "20000000000", now: testNow},
+		{name: "first second whose nanoseconds overflow int64", t: "9223372037", now: testNow},
+		{name: "last second whose nanoseconds fit int64", t: "9223372036", now: testNow},
+		{name: "largest timestamp parsed", t: "999999999999999999", now: testNow},
+		{name: "293 years ahead", t: fmt.Sprint(testNow.AddDate(293, 0, 0).Unix()), now: testNow},
+		{name: "1970", t: "0", now: testNow},
+		{name: "clock at the zero time", t: fmt.Sprint(testNow.Unix()), now: time.Time{}},
+		{name: "clock 30000 years ahead", t: fmt.Sprint(testNow.Unix()), now: testNow.AddDate(30000, 0, 0)},
+		{name: "a century of tolerance", t: "20000000000", now: testNow, tolerance: 100 * 365 * 24 * time.Hour},
+		{name: "the widest tolerance", t: "999999999999999999", now: testNow, tolerance: maxDuration},
+	}
+	for _, tc := range cases {
+		requests := []struct {
+			scheme   string
+			verifier func(tolerance time.Duration) webhook.Verifier
+			body     string
+			headers  map[string]string
+		}{
+			{
+				scheme: "stripe",
+				verifier: func(tolerance time.Duration) webhook.Verifier {
+					return &webhook.Stripe{Secrets: []string{"whsec_s"}, Tolerance: tolerance}
+				},
+				body:    stripeBody,
+				headers: map[string]string{"Stripe-Signature": stripeSignAt("whsec_s", tc.t, stripeBody)},
+			},
+			{
+				scheme: "standardwebhooks",
+				verifier: func(tolerance time.Duration) webhook.Verifier {
+					return &webhook.StandardWebhooks{Secrets: []string{svixSecret}, Tolerance: tolerance}
+				},
+				body: svixBody,
+				headers: map[string]string{"webhook-id": "msg_1", "webhook-timestamp": tc.t,
+					"webhook-signature": standardSignAt(svixSecret, "msg_1", tc.t, svixBody)},
+			},
+		}
+		for _, r := range requests {
+			t.Run(r.scheme+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				_, err := r.verifier(-1).Verify(post(r.body, r.headers), []byte(r.body), tc.now)
+				require.NoError(t, err, "the signature is valid")
+
+				v := r.verifier(tc.tolerance)
+				_, err = v.Verify(post(r.body, r.headers), []byte(r.body), tc.now)
+				require.ErrorIs(t, err, webhook.ErrTimestampOutOfRange)
+
+				pub := &recordingPublisher{}
+				h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: v, Now: func() time.Time { return tc.now }})
+				require.Equal(t, http.StatusUnauthorized, serve(h, post(r.body, r.headers)))
+				require.Empty(t, pub.published())
+			})
+		}
+	}
 }
 
 // TestVerifierErrorsAreClassified: a wrong signature is reported as a
@@ -254,36 +323,36 @@ func TestVerifierErrorsAreClassified(t *testing.T) {
 	t.Parallel()
 	stale := testNow.Add(-time.Hour)
 	headers := map[string]string{"Stripe-Signature": stripeSign("whsec_other", stale, stripeBody)}
-	_, err := handlers.StripeVerifier("whsec_s").Verify(post(stripeBody, headers), []byte(stripeBody), testNow)
-	require.ErrorIs(t, err, handlers.ErrSignatureMismatch)
-	require.NotErrorIs(t, err, handlers.ErrTimestampOutOfRange)
+	_, err := webhook.StripeVerifier("whsec_s").Verify(post(stripeBody, headers), []byte(stripeBody), testNow)
+	require.ErrorIs(t, err, webhook.ErrSignatureMismatch)
+	require.NotErrorIs(t, err, webhook.ErrTimestampOutOfRange)
 }
 
 func TestHMACVerifierUsedAlone(t *testing.T) {
 	t.Parallel()
-	v := handlers.HMACVerifier(handlers.HMACConfig{Secrets: []string{"s"}})
+	v := webhook.HMACVerifier(webhook.HMACConfig{Secrets: []string{"s"}})
 	_, err := v.Verify(post("{}", nil), []byte("{}"), testNow)
-	require.ErrorIs(t, err, handlers.ErrInvalidConfig, "a misconfigured verifier rejects everything")
+	require.ErrorIs(t, err, webhook.ErrInvalidConfig, "a misconfigured verifier rejects everything")
 
-	v = handlers.HMACVerifier(handlers.HMACConfig{Secrets: []string{"s"}, SignatureHeader: "X-Sig", IDHeader: "X-Id",
+	v = webhook.HMACVerifier(webhook.HMACConfig{Secrets: []string{"s"}, SignatureHeader: "X-Sig", IDHeader: "X-Id",
 		Hash: sha1.New})
 	body := "payload"
 	ev, err := v.Verify(post(body, map[string]string{"X-Sig": hex.EncodeToString(hmacSHA1([]byte("s"), body)), "X-Id": "e-1"}),
 		[]byte(body), testNow)
 	require.NoError(t, err)
-	require.Equal(t, handlers.Event{ID: "e-1", Provider: "hmac"}, ev)
+	require.Equal(t, webhook.Event{ID: "e-1", Provider: "hmac"}, ev)
 
 	// A SHA-256-sized signature is malformed for a SHA-1 verifier.
 	_, err = v.Verify(post(body, map[string]string{"X-Sig": hex.EncodeToString(hmacSHA256([]byte("s"), body)), "X-Id": "e-1"}),
 		[]byte(body), testNow)
-	require.ErrorIs(t, err, handlers.ErrMalformedHeader)
+	require.ErrorIs(t, err, webhook.ErrMalformedHeader)
 
 	// A missing prefix is malformed.
-	v = handlers.HMACVerifier(handlers.HMACConfig{Secrets: []string{"s"}, SignatureHeader: "X-Sig", IDHeader: "X-Id",
-		Prefix: "sha256=", Encoding: handlers.Base64})
+	v = webhook.HMACVerifier(webhook.HMACConfig{Secrets: []string{"s"}, SignatureHeader: "X-Sig", IDHeader: "X-Id",
+		Prefix: "sha256=", Encoding: webhook.Base64})
 	sig := base64.StdEncoding.EncodeToString(hmacSHA256([]byte("s"), body))
 	_, err = v.Verify(post(body, map[string]string{"X-Sig": sig, "X-Id": "e-1"}), []byte(body), testNow)
-	require.ErrorIs(t, err, handlers.ErrMalformedHeader)
+	require.ErrorIs(t, err, webhook.ErrMalformedHeader)
 	_, err = v.Verify(post(body, map[string]string{"X-Sig": "sha256=" + sig, "X-Id": "e-1"}), []byte(body), testNow)
 	require.NoError(t, err)
 }
@@ -291,18 +360,18 @@ func TestHMACVerifierUsedAlone(t *testing.T) {
 func TestVerifierFunc(t *testing.T) {
 	t.Parallel()
 	// A custom verifier wrapping a built-in one: the tenant from the route.
-	stripe := handlers.StripeVerifier("whsec_s")
-	v := handlers.VerifierFunc(func(r *http.Request, body []byte, now time.Time) (handlers.Event, error) {
+	stripe := webhook.StripeVerifier("whsec_s")
+	v := webhook.VerifierFunc(func(r *http.Request, body []byte, now time.Time) (webhook.Event, error) {
 		ev, err := stripe.Verify(r, body, now)
 		ev.Tenant = r.PathValue("tenant")
 		return ev, err
 	})
 	pub := &recordingPublisher{}
-	h := newReceiver(t, pub, handlers.WebhookConfig{Verifier: v})
+	h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: v})
 	mux := http.NewServeMux()
 	mux.Handle("POST /webhooks/{tenant}", h)
 	req := post(stripeBody, map[string]string{"Stripe-Signature": stripeSign("whsec_s", testNow, stripeBody)})
 	req.URL.Path = "/webhooks/acme"
 	require.Equal(t, http.StatusOK, serve(mux, req))
-	require.Equal(t, "acme", pub.published()[0].Metadata.Get(handlers.MetadataTenantID))
+	require.Equal(t, "acme", pub.published()[0].Metadata.Get(webhook.MetadataTenantID))
 }

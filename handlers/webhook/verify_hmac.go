@@ -1,4 +1,4 @@
-package handlers
+package webhook
 
 import (
 	"crypto/sha256"
@@ -93,7 +93,7 @@ type hmacVerifier struct {
 }
 
 // HMACVerifier returns a verifier for a generic "HMAC of the body in a
-// header" scheme. A configuration error is reported by NewWebhookReceiver,
+// header" scheme. A configuration error is reported by NewReceiver,
 // and by every Verify call of a verifier used on its own.
 func HMACVerifier(cfg HMACConfig) Verifier {
 	cfg = cfg.withDefaults()

@@ -1,4 +1,4 @@
-package handlers_test
+package webhook_test
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 )
 
 // TestMain fails the package's tests when any goroutine outlives them, such
-// as a reconciler's loop that Close did not stop.
+// as a router or a subscriber of the end-to-end test that was not closed.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
 }

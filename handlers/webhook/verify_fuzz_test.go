@@ -1,4 +1,4 @@
-package handlers_test
+package webhook_test
 
 import (
 	"crypto/hmac"
@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/handlers/webhook"
 )
 
 // Secrets of the fuzz target's verifiers; the seed corpus in
@@ -28,8 +28,8 @@ var fuzzNow = time.Unix(1700000000, 0)
 
 // sentinels is every error a verifier may wrap when it rejects a request.
 var sentinels = []error{
-	handlers.ErrMissingSignature, handlers.ErrMalformedHeader, handlers.ErrSignatureMismatch,
-	handlers.ErrTimestampOutOfRange, handlers.ErrMissingEventID, handlers.ErrInvalidEventID,
+	webhook.ErrMissingSignature, webhook.ErrMalformedHeader, webhook.ErrSignatureMismatch,
+	webhook.ErrTimestampOutOfRange, webhook.ErrMissingEventID, webhook.ErrInvalidEventID,
 }
 
 // FuzzSignatureHeaders feeds arbitrary signature, timestamp and ID headers
@@ -47,11 +47,11 @@ var sentinels = []error{
 //   - an accepted timestamp lies within the default tolerance of now, and
 //     an accepted event ID is a usable inbox key.
 func FuzzSignatureHeaders(f *testing.F) {
-	stripe := handlers.StripeVerifier(fuzzStripeSecret)
-	github := handlers.GitHubVerifier(fuzzGitHubSecret)
-	sw := handlers.StandardWebhooksVerifier(fuzzSWSecret)
-	generic := handlers.HMACVerifier(handlers.HMACConfig{Secrets: []string{fuzzHMACSecret}, SignatureHeader: "X-Signature",
-		Prefix: "sha256=", Encoding: handlers.Base64, IDHeader: "X-Event-Id"})
+	stripe := webhook.StripeVerifier(fuzzStripeSecret)
+	github := webhook.GitHubVerifier(fuzzGitHubSecret)
+	sw := webhook.StandardWebhooksVerifier(fuzzSWSecret)
+	generic := webhook.HMACVerifier(webhook.HMACConfig{Secrets: []string{fuzzHMACSecret}, SignatureHeader: "X-Signature",
+		Prefix: "sha256=", Encoding: webhook.Base64, IDHeader: "X-Event-Id"})
 	swKey, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(fuzzSWSecret, "whsec_"))
 
 	f.Fuzz(func(t *testing.T, sig, ts, id string, body []byte) {
@@ -70,7 +70,7 @@ func FuzzSignatureHeaders(f *testing.F) {
 		}
 		lowerSig := strings.ToLower(sig)
 
-		check := func(name string, v handlers.Verifier, validMAC func(ev handlers.Event) bool) {
+		check := func(name string, v webhook.Verifier, validMAC func(ev webhook.Event) bool) {
 			ev, err := v.Verify(req, body, fuzzNow)
 			if err != nil {
 				for _, s := range sentinels {
@@ -84,7 +84,7 @@ func FuzzSignatureHeaders(f *testing.F) {
 				t.Fatalf("%s accepted a request without a valid MAC: sig=%q ts=%q id=%q body=%q", name, sig, ts, id, body)
 			}
 			if !ev.Timestamp.IsZero() {
-				if d := fuzzNow.Sub(ev.Timestamp).Abs(); d > handlers.DefaultTolerance {
+				if d := fuzzNow.Sub(ev.Timestamp).Abs(); d > webhook.DefaultTolerance {
 					t.Fatalf("%s accepted a timestamp %v away", name, d)
 				}
 			}
@@ -93,7 +93,7 @@ func FuzzSignatureHeaders(f *testing.F) {
 			}
 		}
 
-		check("stripe", stripe, func(ev handlers.Event) bool {
+		check("stripe", stripe, func(ev webhook.Event) bool {
 			// Some t= entry of the header, with the body, has its MAC in
 			// the header.
 			for item := range strings.SplitSeq(sig, ",") {
@@ -105,13 +105,13 @@ func FuzzSignatureHeaders(f *testing.F) {
 			}
 			return false
 		})
-		check("github", github, func(handlers.Event) bool {
+		check("github", github, func(webhook.Event) bool {
 			return lowerSig == "sha256="+hex.EncodeToString(mac([]byte(fuzzGitHubSecret), string(body)))
 		})
-		check("standardwebhooks", sw, func(ev handlers.Event) bool {
+		check("standardwebhooks", sw, func(ev webhook.Event) bool {
 			return ev.ID == id && strings.Contains(sig, base64.StdEncoding.EncodeToString(mac(swKey, id, ".", ts, ".", string(body))))
 		})
-		check("hmac", generic, func(ev handlers.Event) bool {
+		check("hmac", generic, func(ev webhook.Event) bool {
 			return ev.ID == id && sig == "sha256="+base64.StdEncoding.EncodeToString(mac([]byte(fuzzHMACSecret), string(body)))
 		})
 	})

@@ -1,4 +1,4 @@
-package handlers_test
+package webhook_test
 
 import (
 	"context"
@@ -17,25 +17,27 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/dedup"
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/dedup/watermillsql"
+	"github.com/inboxmill/inboxmill/handlers/webhook"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
-// TestWebhookEndToEnd: one Stripe event delivered five times — twice in a
+// TestEndToEnd: one Stripe event delivered five times — twice in a
 // row, then three retries at once, each signed anew as Stripe does —
 // through the receiver, a watermill-sql queue on PostgreSQL, a router and
 // the dedup middleware in transactional mode, joined to the consuming
 // transaction. All five are enqueued; the business handler's write commits
 // once.
-func TestWebhookEndToEnd(t *testing.T) {
+func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db := testdb.Open(t, testdb.PostgresPGX)
 	topic := testdb.UniqueName("webhooks")
 	effects := testdb.UniqueName("payments")
-	store, err := inbox.NewStore(db, inbox.Postgres(), inbox.Config{Table: testdb.UniqueName("inbox")})
+	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: testdb.UniqueName("inbox")})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		for _, tbl := range []string{effects, store.Table(), store.Table() + "_migrations", "watermill_" + topic} {
@@ -62,10 +64,10 @@ func TestWebhookEndToEnd(t *testing.T) {
 	require.NoError(t, sub.SubscribeInitialize(topic))
 
 	d, err := dedup.New(store, dedup.Config{
-		Key:          dedup.KeyFromMetadata(handlers.MetadataEventID),
-		Scope:        dedup.ScopeFromMetadata(handlers.MetadataTenantID),
-		IgnoreFields: []string{"pending_webhooks"}, // Stripe may count down between attempts
-		JoinTx:       dedup.WatermillSQLTx,         // claim, write and ack commit together
+		Key:          dedup.KeyFromMetadata(webhook.MetadataEventID),
+		Scope:        dedup.ScopeFromMetadata(webhook.MetadataTenantID),
+		IgnoreFields: []string{"pending_webhooks"},                 // Stripe may count down between attempts
+		Mode:         dedup.Transactional{JoinTx: watermillsql.Tx}, // claim, write and ack commit together
 	})
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
@@ -86,7 +88,7 @@ func TestWebhookEndToEnd(t *testing.T) {
 		seen = append(seen, msg.Metadata)
 		mu.Unlock()
 		_, err := tx.ExecContext(msg.Context(), "INSERT INTO "+effects+" (event_id, tenant_id, amount) VALUES ($1, $2, $3)",
-			msg.Metadata.Get(handlers.MetadataEventID), msg.Metadata.Get(handlers.MetadataTenantID), 2000)
+			msg.Metadata.Get(webhook.MetadataEventID), msg.Metadata.Get(webhook.MetadataTenantID), 2000)
 		return err
 	})
 	routerDone := make(chan struct{})
@@ -105,9 +107,9 @@ func TestWebhookEndToEnd(t *testing.T) {
 		t.Fatal("router did not start")
 	}
 
-	receiver, err := handlers.NewWebhookReceiver(pub, handlers.WebhookConfig{
+	receiver, err := webhook.NewReceiver(pub, webhook.ReceiverConfig{
 		Topic:    topic,
-		Verifier: handlers.StripeVerifier("whsec_old", "whsec_new"),
+		Verifier: webhook.StripeVerifier("whsec_old", "whsec_new"),
 		Tenant:   "acme",
 	})
 	require.NoError(t, err)
@@ -162,11 +164,11 @@ func TestWebhookEndToEnd(t *testing.T) {
 	require.Equal(t, 1, runs)
 	md := seen[0]
 	mu.Unlock()
-	require.Equal(t, "evt_3OqLmP2eZvKYlo2C", md.Get(handlers.MetadataEventID))
-	require.Equal(t, "acme", md.Get(handlers.MetadataTenantID))
-	require.Equal(t, "stripe", md.Get(handlers.MetadataWebhookProvider))
-	require.Equal(t, "payment_intent.succeeded", md.Get(handlers.MetadataWebhookEventType))
-	_, err = time.Parse(time.RFC3339Nano, md.Get(handlers.MetadataReceivedAt))
+	require.Equal(t, "evt_3OqLmP2eZvKYlo2C", md.Get(webhook.MetadataEventID))
+	require.Equal(t, "acme", md.Get(webhook.MetadataTenantID))
+	require.Equal(t, "stripe", md.Get(webhook.MetadataProvider))
+	require.Equal(t, "payment_intent.succeeded", md.Get(webhook.MetadataEventType))
+	_, err = time.Parse(time.RFC3339Nano, md.Get(webhook.MetadataReceivedAt))
 	require.NoError(t, err)
 
 	// Every queued message was acknowledged.

@@ -1,4 +1,4 @@
-package handlers_test
+package webhook_test
 
 import (
 	"context"
@@ -13,22 +13,22 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	"github.com/inboxmill/inboxmill/handlers"
+	"github.com/inboxmill/inboxmill/handlers/webhook"
 )
 
 // A GitHub delivery arrives twice (GitHub redelivers with the same
 // X-GitHub-Delivery), then a forgery arrives. Both genuine requests are
 // enqueued under one event_id, for the dedup middleware behind the queue;
 // the forgery is answered 401 and enqueues nothing.
-func ExampleNewWebhookReceiver() {
+func ExampleNewReceiver() {
 	const secret = "It's a Secret to Everybody"
 	queue := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 8}, watermill.NopLogger{})
 	defer queue.Close()
 	msgs, _ := queue.Subscribe(context.Background(), "github.events")
 
-	receiver, err := handlers.NewWebhookReceiver(queue, handlers.WebhookConfig{
+	receiver, err := webhook.NewReceiver(queue, webhook.ReceiverConfig{
 		Topic:    "github.events",
-		Verifier: handlers.GitHubVerifier(secret),
+		Verifier: webhook.GitHubVerifier(secret),
 		Tenant:   "acme",
 	})
 	if err != nil {
@@ -59,8 +59,8 @@ func ExampleNewWebhookReceiver() {
 
 	for range 2 {
 		msg := <-msgs
-		fmt.Println(msg.Metadata.Get(handlers.MetadataEventID), msg.Metadata.Get(handlers.MetadataTenantID),
-			msg.Metadata.Get(handlers.MetadataWebhookProvider), msg.Metadata.Get(handlers.MetadataWebhookEventType))
+		fmt.Println(msg.Metadata.Get(webhook.MetadataEventID), msg.Metadata.Get(webhook.MetadataTenantID),
+			msg.Metadata.Get(webhook.MetadataProvider), msg.Metadata.Get(webhook.MetadataEventType))
 		msg.Ack()
 	}
 	// Output:

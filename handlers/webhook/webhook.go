@@ -1,4 +1,4 @@
-package handlers
+package webhook
 
 import (
 	"context"
@@ -12,34 +12,38 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Metadata the webhook receiver sets on each message it publishes.
+// Metadata the receiver sets on each message it publishes.
 const (
 	// MetadataEventID holds Event.ID, the provider's event or delivery ID:
 	// key the dedup middleware on it (dedup.KeyFromMetadata(MetadataEventID)).
 	MetadataEventID = "event_id"
-	// MetadataTenantID holds Event.Tenant, or WebhookConfig.Tenant when the
+	// MetadataTenantID holds Event.Tenant, or ReceiverConfig.Tenant when the
 	// request names none; absent when neither does.
 	MetadataTenantID = "tenant_id"
-	// MetadataWebhookProvider names the provider ("stripe", "github", ...):
-	// WebhookConfig.Provider, else Event.Provider; absent when both are
+	// MetadataProvider names the provider ("stripe", "github", ...):
+	// ReceiverConfig.Provider, else Event.Provider; absent when both are
 	// empty.
-	MetadataWebhookProvider = "webhook_provider"
-	// MetadataWebhookEventType holds Event.Type; absent when empty.
-	MetadataWebhookEventType = "webhook_event_type"
+	MetadataProvider = "webhook_provider"
+	// MetadataEventType holds Event.Type; absent when empty.
+	MetadataEventType = "webhook_event_type"
 	// MetadataReceivedAt is when the receiver accepted the request, RFC 3339
 	// with nanoseconds, UTC. It differs between retries of one event; the
 	// fingerprint covers the payload only, so it never makes a conflict.
 	MetadataReceivedAt = "received_at"
 )
 
-// DefaultMaxBodyBytes is WebhookConfig.MaxBodyBytes's default, 1 MiB:
+// ErrInvalidConfig: the receiver's or a built-in verifier's configuration
+// is unusable. NewReceiver reports every problem at once, each wrapping it.
+var ErrInvalidConfig = errors.New("webhook: invalid config")
+
+// DefaultMaxBodyBytes is ReceiverConfig.MaxBodyBytes's default, 1 MiB:
 // larger than the events Stripe, GitHub or Svix send, small enough that a
 // flood of large bodies cannot exhaust memory.
 const DefaultMaxBodyBytes = 1 << 20
 
-// WebhookConfig configures [NewWebhookReceiver]. Topic and Verifier are
+// ReceiverConfig configures [NewReceiver]. Topic and Verifier are
 // required.
-type WebhookConfig struct {
+type ReceiverConfig struct {
 	// Topic the verified requests are published to. Required.
 	Topic string
 
@@ -74,7 +78,7 @@ type WebhookConfig struct {
 	Logger watermill.LoggerAdapter
 }
 
-func (c WebhookConfig) withDefaults() WebhookConfig {
+func (c ReceiverConfig) withDefaults() ReceiverConfig {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -87,7 +91,7 @@ func (c WebhookConfig) withDefaults() WebhookConfig {
 	return c
 }
 
-func (c WebhookConfig) validate() error {
+func (c ReceiverConfig) validate() error {
 	var errs []error
 	if c.Topic == "" {
 		errs = append(errs, fmt.Errorf("%w: Topic is required", ErrInvalidConfig))
@@ -103,13 +107,13 @@ func (c WebhookConfig) validate() error {
 	return errors.Join(errs...)
 }
 
-// webhookReceiver is the http.Handler NewWebhookReceiver returns.
-type webhookReceiver struct {
+// receiver is the http.Handler NewReceiver returns.
+type receiver struct {
 	pub message.Publisher
-	cfg WebhookConfig
+	cfg ReceiverConfig
 }
 
-// NewWebhookReceiver returns the HTTP ingress for one provider's webhooks.
+// NewReceiver returns the HTTP ingress for one provider's webhooks.
 // Providers deliver at least once and retry on any non-2xx answer or
 // timeout, so one event arrives several times, sometimes minutes apart.
 // The receiver does not try to notice that — it cannot without a
@@ -138,13 +142,13 @@ type webhookReceiver struct {
 //
 // Mount one receiver per provider and secret:
 //
-//	stripe, err := handlers.NewWebhookReceiver(publisher, handlers.WebhookConfig{
+//	stripe, err := webhook.NewReceiver(publisher, webhook.ReceiverConfig{
 //		Topic:    "stripe.events",
-//		Verifier: handlers.StripeVerifier(os.Getenv("STRIPE_WEBHOOK_SECRET")),
+//		Verifier: webhook.StripeVerifier(os.Getenv("STRIPE_WEBHOOK_SECRET")),
 //		Tenant:   "acme",
 //	})
 //	mux.Handle("/webhooks/stripe", stripe)
-func NewWebhookReceiver(publisher message.Publisher, cfg WebhookConfig) (http.Handler, error) {
+func NewReceiver(publisher message.Publisher, cfg ReceiverConfig) (http.Handler, error) {
 	cfg = cfg.withDefaults()
 	err := cfg.validate()
 	if publisher == nil {
@@ -153,10 +157,10 @@ func NewWebhookReceiver(publisher message.Publisher, cfg WebhookConfig) (http.Ha
 	if err != nil {
 		return nil, err
 	}
-	return &webhookReceiver{pub: publisher, cfg: cfg}, nil
+	return &receiver{pub: publisher, cfg: cfg}, nil
 }
 
-func (h *webhookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		h.reject(w, r, http.StatusMethodNotAllowed, "", errors.New("method not allowed"))
@@ -203,10 +207,10 @@ func (h *webhookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		msg.Metadata.Set(MetadataTenantID, h.cfg.Tenant)
 	}
 	if provider != "" {
-		msg.Metadata.Set(MetadataWebhookProvider, provider)
+		msg.Metadata.Set(MetadataProvider, provider)
 	}
 	if ev.Type != "" {
-		msg.Metadata.Set(MetadataWebhookEventType, ev.Type)
+		msg.Metadata.Set(MetadataEventType, ev.Type)
 	}
 	msg.Metadata.Set(MetadataReceivedAt, now.UTC().Format(time.RFC3339Nano))
 
@@ -224,7 +228,7 @@ func (h *webhookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // log, not to a sender that may be probing. The built-in verifiers' errors
 // never carry the body, a secret or a signature, and a custom Verifier's
 // must not either.
-func (h *webhookReceiver) reject(w http.ResponseWriter, r *http.Request, status int, provider string, err error) {
+func (h *receiver) reject(w http.ResponseWriter, r *http.Request, status int, provider string, err error) {
 	h.cfg.Logger.Info("Webhook rejected", watermill.LogFields{
 		"provider": provider, "status": status, "reason": err.Error(), "remote_addr": r.RemoteAddr, "topic": h.cfg.Topic,
 	})
