@@ -45,22 +45,30 @@ func Connect(brokers string, partitions int32, topics ...string) ([]string, func
 	return addrs, func() {}, nil
 }
 
-// SubscriberConfig is watermill-kafka's default with two changes: a
-// protocol version current brokers accept, and a new consumer group
-// starting from the oldest offset — from the newest, it would miss what was
-// published before it joined. Offsets stay auto-committed (every second): a
-// duplicate after a crash is the inbox's job, and committing every message
-// would cost a round trip each.
+// Version is the Kafka protocol version the examples speak: Kafka 2.8,
+// which every broker since accepts, 4.x included. watermill-kafka's default
+// configs set none since v3.1 (they forced 1.0 before) and so speak
+// Sarama's DefaultVersion, which moves with Sarama releases; pinned here,
+// an upgrade of Sarama does not change what the examples send. The dedup
+// key travels in a record header, which needs 0.11 or later.
+var Version = sarama.V2_8_0_0
+
+// SubscriberConfig is watermill-kafka's default with two changes: Version,
+// and a new consumer group starting from the oldest offset — from the
+// newest, Sarama's default, it would miss what was published before it
+// joined. Offsets stay auto-committed (every second): a duplicate after a
+// crash is the inbox's job, and committing every message would cost a
+// round trip each.
 func SubscriberConfig() *sarama.Config {
 	c := kafka.DefaultSaramaSubscriberConfig()
-	c.Version = sarama.V2_8_0_0
+	c.Version = Version
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	return c
 }
 
-// PublisherConfig is watermill-kafka's default with the same version.
+// PublisherConfig is watermill-kafka's default with Version.
 func PublisherConfig() *sarama.Config {
 	c := kafka.DefaultSaramaSyncPublisherConfig()
-	c.Version = sarama.V2_8_0_0
+	c.Version = Version
 	return c
 }
