@@ -9,6 +9,61 @@ import (
 	"testing"
 )
 
+// writes canonicalises data on a parser of its own and returns the result
+// and the number of bytes written on the way: every byte appended to the
+// output (the canonical text plus what ignored members cut off again) and
+// every byte order and place copied.
+func writes(t *testing.T, data []byte, ignore []Path) ([]byte, int) {
+	t.Helper()
+	p := &parser{passLimit: maxPasses}
+	out, err := p.canonicalize(data, ignore)
+	if err != nil {
+		t.Fatalf("canonicalize(%.40q...): %v", data, err)
+	}
+	return out, len(out) + p.cut + p.moved
+}
+
+// TestWritesLinear checks that the bytes written to canonicalise a document
+// stay proportional to its size, whatever its shape: in particular not to
+// size × depth for a large value under deeply nested unsorted objects. It
+// counts bytes instead of measuring time, so it cannot be flaky; the
+// benchmarks in bench_test.go show what the counts mean in time.
+func TestWritesLinear(t *testing.T) {
+	const size = 256 << 10
+	const perByte = 2*maxPasses + 2 // the bound documented on maxPasses
+	// Cuts most of the document, objects left for place included.
+	deepIgnore := []Path{slices.Repeat(Path{"a"}, 500)}
+	for _, tc := range []struct {
+		name   string
+		in     []byte
+		ignore []Path
+	}{
+		{"flat", deepObjects(1, size), nil},
+		{"deep objects", deepObjects(maxDepth-1-leafDepth, size), nil},
+		{"deep objects, ignore inside", deepObjects(maxDepth-1-leafDepth, size), deepIgnore},
+		{"deep arrays", deepArrays(maxDepth-2-leafDepth, size), nil},
+		{"deep mixed", deepMixed(maxDepth-1-leafDepth, size), nil},
+		{"wide", wideObject(size / 16), nil},
+		{"document", largeDocument(size), benchIgnore},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, n := writes(t, tc.in, tc.ignore)
+			if n > perByte*len(tc.in) {
+				t.Errorf("%d bytes written for %d bytes of input, more than %d per byte", n, len(tc.in), perByte)
+			}
+		})
+	}
+
+	// And the count per byte must not grow with the depth: about equal
+	// sizes, 100 levels against the most the depth limit leaves room for.
+	_, shallow := writes(t, deepObjects(100, size), nil)
+	_, deep := writes(t, deepObjects(maxDepth-1-leafDepth, size), nil)
+	if float64(deep) > 1.1*float64(shallow) {
+		t.Errorf("%d bytes written at depth %d, %d at depth 100, for about %d bytes of input each",
+			deep, maxDepth-1-leafDepth, shallow, size)
+	}
+}
+
 // TestPlaceMatchesOrder checks that leaving objects for place gives exactly
 // what moving them into order right away gives, for any limit on how often
 // order may move a byte: with limit 0 place rearranges every unsorted
