@@ -87,6 +87,13 @@ func Canonicalize(data []byte, ignore []Path) ([]byte, error) {
 
 	p := parserPool.Get().(*parser)
 	defer p.release()
+	p.passLimit = maxPasses
+	return p.canonicalize(data, ignore)
+}
+
+// canonicalize does the work of Canonicalize, once the arguments are
+// checked, on a parser fresh from the pool or new.
+func (p *parser) canonicalize(data []byte, ignore []Path) ([]byte, error) {
 	p.data = data
 	p.ignore = ignore
 	// Every string in the canonical form is at most as long as in the input,
@@ -105,7 +112,15 @@ func Canonicalize(data []byte, ignore []Path) ([]byte, error) {
 	if p.pos != len(data) {
 		return nil, p.fail("unexpected data after the top-level value")
 	}
-	out := p.out
+	if len(p.reordered) == 0 {
+		out := p.out
+		p.out = nil
+		return out, nil
+	}
+	// Reordering never changes the length: an object's members are the
+	// same texts with the same number of commas between them.
+	out := make([]byte, len(p.out))
+	p.place(out, 0, 0, len(p.out), len(p.reordered))
 	p.out = nil
 	return out, nil
 }
@@ -129,24 +144,59 @@ func invalidUTF8Offset(b []byte) int {
 	return len(b)
 }
 
+// span is the text of one object member in parser.out, and where to find
+// the objects nested in it that place has to rearrange.
+type span struct {
+	// start and end delimit the canonical `"key":value` text in parser.out,
+	// without any separating comma. start is -1 for an ignored member.
+	start, end int
+	// nested is the length of parser.reordered when the value ended. The
+	// objects in the value that are to be reordered are the last of those
+	// recorded by then, back to the first that starts before the span.
+	nested int
+}
+
 // member records one object member while its object is being parsed.
 type member struct {
 	// key is the unescaped key. It aliases the input when the key has no
 	// escapes, and parser.keys otherwise.
 	key []byte
-	// start and end delimit the canonical `"key":value` text in parser.out,
-	// without any separating comma. Unused for ignored members.
+	// span locates the member's text. (It is small so that sorting wide
+	// objects moves little; that is why there is no separate ignored flag.)
+	span
+}
+
+// ignored reports whether m is dropped from the output. Ignored members
+// still take part in duplicate-key detection.
+func (m *member) ignored() bool { return m.start < 0 }
+
+// reordered records an object whose members were not parsed in key order
+// and that order left for place to rearrange. Its text stays where it was
+// written in parser.out, members in input order, until place writes the
+// result.
+type reordered struct {
+	// start and end delimit the members' text in parser.out, between the
+	// braces.
 	start, end int
-	// ignored members are dropped from the output but still take part in
-	// duplicate-key detection.
-	ignored bool
+	// spans are the object's members in key order, ignored ones left out:
+	// parser.spans[spans:spansEnd].
+	spans, spansEnd int
+	// inner is the index in parser.reordered of the first object nested in
+	// this one that is also reordered. Objects are recorded as they end, so
+	// everything from inner up to this object's own index is nested in it.
+	inner int
 }
 
 // parser is a recursive-descent JSON parser that writes the canonical form as
-// it goes. Its scratch slices are stacks shared by all nesting levels (each
-// level truncates back to where it started), so a whole document needs no
-// per-object allocations; parsers are pooled so the scratch space is reused
-// across calls too.
+// it goes, putting the members of an object in key order as soon as the
+// object ends, except where that would move the same bytes too many times
+// (see order); such objects are left for place to rearrange, in one pass
+// over the finished text.
+//
+// Its scratch slices are stacks shared by all nesting levels (each level
+// truncates back to where it started) or grow for the whole call, so a
+// document needs no per-object allocations; parsers are pooled so the
+// scratch space is reused across calls too.
 type parser struct {
 	data []byte // the input
 	pos  int    // offset of the next unread byte of data
@@ -165,6 +215,22 @@ type parser struct {
 	// scratch is where an object's members are copied while they are
 	// written back in sorted order.
 	scratch []byte
+	// reordered lists the objects whose members place puts in key order,
+	// in the order the objects end; spans holds their members.
+	reordered []reordered
+	spans     []span
+	// passes is set by value to the number of times order has moved the
+	// text of the value just parsed (the most for any of its bytes), or
+	// passLimit if anything in it is left for place.
+	passes int
+	// passLimit is maxPasses, except in tests that make place do more of
+	// the work.
+	passLimit int
+
+	// cut and moved count the bytes written to out and then cut off again
+	// (ignored members) and the bytes order and place copy, so that a test
+	// can check how much writing a document takes without timing anything.
+	cut, moved int
 }
 
 var parserPool = sync.Pool{New: func() any { return new(parser) }}
@@ -177,11 +243,13 @@ const maxPooledBuffer = 64 << 10
 func (p *parser) release() {
 	clear(p.members) // left over after an error; member keys alias the input
 	p.data, p.ignore, p.out = nil, nil, nil
-	p.pos = 0
+	p.pos, p.passes, p.cut, p.moved = 0, 0, 0, 0
 	p.active = p.active[:0]
 	p.members = p.members[:0]
 	p.keys = p.keys[:0]
 	p.scratch = p.scratch[:0]
+	p.reordered = p.reordered[:0]
+	p.spans = p.spans[:0]
 	if cap(p.keys) > maxPooledBuffer {
 		p.keys = nil
 	}
@@ -193,6 +261,12 @@ func (p *parser) release() {
 	}
 	if cap(p.active) > maxPooledBuffer/8 {
 		p.active = nil
+	}
+	if cap(p.reordered) > maxPooledBuffer/32 {
+		p.reordered = nil
+	}
+	if cap(p.spans) > maxPooledBuffer/16 {
+		p.spans = nil
 	}
 	parserPool.Put(p)
 }
@@ -223,10 +297,11 @@ func (p *parser) skipSpace() {
 	}
 }
 
-// value parses the value at p.pos. depth is the number of arrays and objects
-// enclosing it; active[lo:hi] are the ignore paths that may name members of
-// it, should it be an object.
+// value parses the value at p.pos and sets p.passes for it. depth is the
+// number of arrays and objects enclosing it; active[lo:hi] are the ignore
+// paths that may name members of it, should it be an object.
 func (p *parser) value(depth, lo, hi int) error {
+	p.passes = 0 // scalars, and empty arrays and objects
 	if p.pos >= len(p.data) {
 		return p.fail("unexpected end of input, expected a value")
 	}
@@ -326,10 +401,12 @@ func (p *parser) array(depth int) error {
 		p.out = append(p.out, ']')
 		return nil
 	}
+	passes := 0
 	for {
 		if err := p.value(depth+1, 0, 0); err != nil {
 			return err
 		}
+		passes = max(passes, p.passes)
 		p.skipSpace()
 		if p.pos >= len(p.data) {
 			return p.fail("unexpected end of input in array")
@@ -342,6 +419,7 @@ func (p *parser) array(depth int) error {
 		case ']':
 			p.pos++
 			p.out = append(p.out, ']')
+			p.passes = passes
 			return nil
 		default:
 			return p.fail("unexpected %s in array, expected ',' or ']'", p.describe())
@@ -352,8 +430,9 @@ func (p *parser) array(depth int) error {
 // object parses an object. Members are written to p.out in input order as
 // they are parsed (ignored ones are written and then cut off again, since
 // their values must still be validated), and only if they turn out not to be
-// in key order is the object's text rearranged, by order. Machine-generated
-// payloads are often already sorted, and then nothing is copied twice.
+// in key order is the object's text rearranged, by order or later by place.
+// Machine-generated payloads are often already sorted, and then nothing is
+// copied twice.
 func (p *parser) object(depth, lo, hi int) error {
 	if depth >= maxDepth {
 		return p.fail("nesting deeper than %d", maxDepth)
@@ -369,6 +448,8 @@ func (p *parser) object(depth, lo, hi int) error {
 
 	objStart := len(p.out)
 	base := len(p.members)
+	inner := len(p.reordered)
+	passes := 0 // the most of any member that is kept
 	emitted := 0
 	for {
 		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
@@ -411,17 +492,26 @@ func (p *parser) object(depth, lo, hi int) error {
 		if ignored {
 			childHi = childLo // the whole member goes; nothing inside matters
 		}
+		before := len(p.reordered)
 		err = p.value(depth+1, childLo, childHi)
 		p.active = p.active[:childLo]
 		if err != nil {
 			return err
 		}
 
-		m := member{key: key, start: keyStart, end: len(p.out), ignored: ignored}
+		m := member{key: key, span: span{start: -1}}
 		if ignored {
+			p.cut += len(p.out) - memStart
 			p.out = p.out[:memStart] // drops the comma too
-			m.start, m.end = memStart, memStart
+			// Forget the objects inside that were to be reordered: their
+			// text is gone, and out will be overwritten where it was.
+			if before < len(p.reordered) {
+				p.spans = p.spans[:p.reordered[before].spans]
+				p.reordered = p.reordered[:before]
+			}
 		} else {
+			m.span = span{keyStart, len(p.out), len(p.reordered)}
+			passes = max(passes, p.passes)
 			emitted++
 		}
 		p.members = append(p.members, m)
@@ -440,7 +530,7 @@ func (p *parser) object(depth, lo, hi int) error {
 		p.skipSpace()
 	}
 
-	if err := p.order(base, objStart); err != nil {
+	if err := p.order(base, objStart, inner, passes); err != nil {
 		return err
 	}
 	// Zero the popped entries so that the unused capacity never holds keys
@@ -453,14 +543,28 @@ func (p *parser) object(depth, lo, hi int) error {
 
 func compareMembers(a, b member) int { return bytes.Compare(a.key, b.key) }
 
-// order makes sure the members of the object being finished, p.members[base:],
-// appear in p.out[objStart:] sorted by key, and refuses duplicate keys.
+// maxPasses is how many times order moves any byte of the output at most.
+// Text that would be moved again goes to place instead, which writes every
+// byte once more, straight to where it belongs. Writing out the whole
+// document therefore takes at most 2*maxPasses+2 bytes written per input
+// byte, however deep the objects nest.
 //
-// An unsorted object's text is copied out and back once, nested objects
-// included, so the worst case costs O(size × depth) bytes of copying (a
-// large value under many levels of unsorted objects). The depth limit bounds
-// the factor; real payloads are shallow, so this beats building a tree.
-func (p *parser) order(base, objStart int) error {
+// Moving an object's text into order right away is the cheaper way for the
+// small, shallow objects that make up real payloads (leaving one for place
+// costs a record per member and a second buffer for the result), but it
+// moves the text of nested objects again at every level: a large value under
+// 999 unsorted objects would be copied about 2000 times. The limit keeps the
+// first and bounds the second.
+const maxPasses = 4
+
+// order refuses duplicate keys among the members of the object being
+// finished, p.members[base:], and makes sure the members that are kept end
+// up in key order: either it moves their text in p.out[objStart:] into
+// order, or it records the object for place. It sets p.passes for the
+// object; passes is the most of its members', inner the length p.reordered
+// had when the object started.
+func (p *parser) order(base, objStart, inner, passes int) error {
+	p.passes = passes
 	ms := p.members[base:]
 	sorted := true
 	for i := 1; i < len(ms); i++ {
@@ -478,27 +582,89 @@ func (p *parser) order(base, objStart int) error {
 	}
 
 	slices.SortFunc(ms, compareMembers)
-	for i := 1; i < len(ms); i++ {
-		if bytes.Equal(ms[i-1].key, ms[i].key) {
-			return p.duplicate(ms[i].key)
+	inOrder := true // as written, once the ignored members are left out
+	last := -1
+	for i, m := range ms {
+		if i > 0 && bytes.Equal(ms[i-1].key, m.key) {
+			return p.duplicate(m.key)
+		}
+		if !m.ignored() {
+			inOrder = inOrder && m.start > last
+			last = m.start
 		}
 	}
-	// Move the members' text aside and write it back in key order. Only
-	// this object's text moves; its nested objects were already finished.
-	p.scratch = append(p.scratch[:0], p.out[objStart:]...)
-	p.out = p.out[:objStart]
-	first := true
+	if inOrder {
+		return nil
+	}
+
+	if passes < p.passLimit {
+		// Move the members' text aside and write it back in key order.
+		// Nothing inside is left for place (that would have set passes to
+		// passLimit), so no recorded offsets move with it.
+		p.passes = passes + 1
+		p.scratch = append(p.scratch[:0], p.out[objStart:]...)
+		p.out = p.out[:objStart]
+		first := true
+		for _, m := range ms {
+			if m.ignored() {
+				continue
+			}
+			if !first {
+				p.out = append(p.out, ',')
+			}
+			first = false
+			p.out = append(p.out, p.scratch[m.start-objStart:m.end-objStart]...)
+		}
+		p.moved += 2 * len(p.scratch)
+		return nil
+	}
+
+	// Leave the object as it is. Every unsorted object around it is left
+	// for place too, because moving its text would invalidate the offsets
+	// recorded here.
+	p.passes = p.passLimit
+	r := reordered{start: objStart, end: len(p.out), spans: len(p.spans), inner: inner}
 	for _, m := range ms {
-		if m.ignored {
-			continue
+		if !m.ignored() {
+			p.spans = append(p.spans, m.span)
 		}
-		if !first {
-			p.out = append(p.out, ',')
-		}
-		first = false
-		p.out = append(p.out, p.scratch[m.start-objStart:m.end-objStart]...)
 	}
+	r.spansEnd = len(p.spans)
+	p.reordered = append(p.reordered, r)
 	return nil
+}
+
+// place writes the final form of p.out[start:end] to dst[at:], end-start
+// bytes, with the members of the reordered objects in that text put in key
+// order. Those objects are the last of p.reordered[:nested] that start at or
+// after start. Every byte is copied once, straight to where it belongs.
+func (p *parser) place(dst []byte, at, start, end, nested int) {
+	// Objects are recorded as they end, so the last of them is the
+	// outermost one that ends last, and the one before everything nested
+	// in it is the outermost one before it: walking back visits the text
+	// between the outermost objects from the end. Any object recorded
+	// before the text began ends, and so starts, before it.
+	for j := nested - 1; j >= 0 && p.reordered[j].start >= start; {
+		r := &p.reordered[j]
+		p.moved += copy(dst[at+r.end-start:], p.out[r.end:end])
+		p.placeMembers(dst, at+r.start-start, r)
+		end = r.start
+		j = r.inner - 1
+	}
+	p.moved += copy(dst[at:], p.out[start:end])
+}
+
+// placeMembers writes the members of r to dst[at:] in key order.
+func (p *parser) placeMembers(dst []byte, at int, r *reordered) {
+	for i, s := range p.spans[r.spans:r.spansEnd] {
+		if i > 0 {
+			dst[at] = ','
+			at++
+			p.moved++
+		}
+		p.place(dst, at, s.start, s.end, s.nested)
+		at += s.end - s.start
+	}
 }
 
 // duplicate reports a duplicate key. Decoders disagree on which of the
