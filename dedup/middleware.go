@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -169,19 +168,13 @@ func (d *Deduplicator) claimFor(id identity, attempt int64) Claim {
 	return Claim{ID: id.ID, Attempt: attempt, IdempotencyKey: id.IdempotencyKey()}
 }
 
-// maxErrorLen bounds the error text stored with a record.
-const maxErrorLen = 4096
-
-// errorText renders err for the record's error column: valid UTF-8, bounded.
+// errorText renders err for the record's error column; the store makes it
+// storable (valid UTF-8, no NUL, at most inbox.MaxErrorLen bytes).
 func errorText(err error) string {
 	if err == nil {
 		return ""
 	}
-	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
-	if len(s) > maxErrorLen {
-		s = strings.ToValidUTF8(s[:maxErrorLen], "")
-	}
-	return s
+	return err.Error()
 }
 
 // retention is the record's retention for the store: 0 keeps it forever.

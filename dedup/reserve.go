@@ -170,6 +170,10 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 		to, outcome, ret = inbox.StatusProcessing, OutcomeRetry, herr
 		ferr = lease.Release(fctx, errorText(herr))
 	}
+	if ferr == nil && lease.Dropped() != "" {
+		d.cfg.Logger.Info("inboxmill: outcome recorded without what the database cannot store",
+			d.logFields(msg, id, outcome, fmt.Errorf("dropped: %s", lease.Dropped())))
+	}
 	if ferr != nil {
 		// Lease lost: another worker owns the intent now and records its
 		// outcome. Anything else: the record stays processing under this

@@ -25,7 +25,8 @@ type ClaimParams struct {
 	// that is not storable text of at most MaxCorrelationIDLen bytes is
 	// dropped, never a reason to refuse the claim.
 	CorrelationID string
-	// Error is stored with a StatusFailed record. Optional.
+	// Error is stored with a StatusFailed record, made storable
+	// ([StorableText], at most MaxErrorLen bytes). Optional.
 	Error string
 	// Retention is how long the record outlives its claim before a purge
 	// may delete it. 0 keeps it forever.
@@ -87,7 +88,8 @@ func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, 
 	}
 	now := s.now()
 	return s.insert(ctx, q, "claim", p.ID, p.PayloadHash, &params{
-		status: p.Status, correlationID: p.CorrelationID, errS: p.Error, expiresAt: expiry(now, p.Retention),
+		status: p.Status, correlationID: p.CorrelationID, errS: StorableText(p.Error, MaxErrorLen),
+		expiresAt: expiry(now, p.Retention),
 	}, now)
 }
 

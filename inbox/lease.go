@@ -153,9 +153,10 @@ type Lease struct {
 	rec       Record // as held: attempt, status, owner, and the stored values a touch keeps
 	retention time.Duration
 
-	mu    sync.Mutex
-	until time.Time
-	ended bool
+	mu      sync.Mutex
+	until   time.Time
+	ended   bool
+	dropped string
 }
 
 func (s *Store) newLease(rec *Record, retention time.Duration) *Lease {
@@ -256,6 +257,26 @@ func (l *Lease) Release(ctx context.Context, reason string) error {
 	return l.transition(ctx, "release", StatusProcessing, &params{errS: reason}, false)
 }
 
+// Dropped says what the handle's last transition could not store and left
+// out — "" when everything was stored. The transition itself succeeded:
+// the record is in the state asked for, with the error column saying what
+// is missing.
+func (l *Lease) Dropped() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dropped
+}
+
+// transition moves the held record to status to with p's outcome.
+//
+// An outcome the database refuses must not leave the record where it is:
+// a processing record would be taken over once its lease expires and its
+// work run again — every time, since the refusal is deterministic. So the
+// outcome is made storable first (storableOutcome), and when the database
+// still refuses it (a result over MySQL's packet limit, a value a dialect
+// rejects), the same transition is made once more with only a storable
+// error saying why, no result, no reference. Only when that fails too —
+// the database is down — does the record stay as it was.
 func (l *Lease) transition(ctx context.Context, what string, to Status, p *params, renew bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -267,7 +288,20 @@ func (l *Lease) transition(ctx context.Context, what string, to Status, p *param
 	if renew {
 		p.expiresAt = expiry(s.now(), l.retention)
 	}
-	if err := s.finish(ctx, s.db, what, l.rec.ID, p); err != nil {
+	l.dropped = storableOutcome(p)
+	err := s.finish(ctx, s.db, what, l.rec.ID, p)
+	if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotFound) {
+		bare := *p
+		bare.result, bare.resourceID, bare.externalRef = nil, "", ""
+		bare.errS = StorableText("outcome not storable, recorded without it: "+err.Error(), MaxErrorLen)
+		if berr := s.finish(ctx, s.db, what, l.rec.ID, &bare); berr == nil {
+			l.dropped, err = joinDropped(l.dropped, "the outcome ("+err.Error()+")"), nil
+		} else if errors.Is(berr, ErrLeaseLost) && l.wrote(ctx, to) {
+			// The first write committed although its answer was lost.
+			err = nil
+		}
+	}
+	if err != nil {
 		if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) {
 			l.ended = true
 		}
@@ -275,6 +309,20 @@ func (l *Lease) transition(ctx context.Context, what string, to Status, p *param
 	}
 	l.ended = true
 	return nil
+}
+
+// wrote reports whether the record now shows the transition to status to
+// at the handle's attempt: a write whose answer was lost.
+func (l *Lease) wrote(ctx context.Context, to Status) bool {
+	rec, err := l.store.Get(ctx, l.store.db, l.rec.ID)
+	return err == nil && rec.Attempt == l.rec.Attempt && rec.Status == to && rec.LeaseOwner == ""
+}
+
+func joinDropped(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + ", " + b
 }
 
 // check refuses a transition on an ended handle, or one that needs the

@@ -90,6 +90,7 @@ func Run(t *testing.T, h Harness) {
 	require.Positive(t, h.Concurrency, "Harness.Concurrency")
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
 	t.Run("Reserve", func(t *testing.T) { runReserve(t, h) })
+	t.Run("Storable", func(t *testing.T) { runStorable(t, h) })
 }
 
 // bundle is what one test needs: a migrated store over a fresh table, and
