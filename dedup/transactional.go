@@ -101,7 +101,7 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 	claim := d.claimFor(id, res.Record.Attempt)
 	out, err = d.run(ctx, tx, msg, h, claim)
 	if err != nil {
-		return nil, OutcomeRetry, true, d.store.Dialect().Classify(err) // the handler's error: driver codes only
+		return nil, OutcomeRetry, true, d.classifyHandlerErr(ctx, tx, err)
 	}
 	if len(out) > 0 {
 		// Inserted as completed without a result (see ClaimParams.Status);
@@ -161,4 +161,21 @@ func (d *Deduplicator) permanentClaim(msg *message.Message, id identity, pe *Per
 		ID: id.ID, PayloadHash: id.hash, Status: inbox.StatusFailed, Error: errorText(pe.Err),
 		CorrelationID: correlationID(msg), Retention: d.retention(),
 	}
+}
+
+// classifyHandlerErr classifies the handler's error by the dialect's
+// driver codes only: a handler's own io.EOF or failed HTTP call must not
+// come back as a transient database error. A lost connection is the
+// exception, since drivers report it as a plain network error (lib/pq:
+// "connection reset by peer", then driver.ErrBadConn): when the error looks
+// like one and the claim's transaction no longer answers either, it was
+// the database's connection that broke, and the redelivery is safe.
+func (d *Deduplicator) classifyHandlerErr(ctx context.Context, tx *sql.Tx, err error) error {
+	if c := d.store.Dialect().Classify(err); c != err || d.store.Classify(err) == err {
+		return c
+	}
+	if _, perr := tx.ExecContext(context.WithoutCancel(ctx), "SELECT 1"); perr != nil {
+		return inbox.Transient(err)
+	}
+	return err
 }
