@@ -106,7 +106,8 @@ type queries struct {
 	selectPending, selectStale, unfinishedStats, oldestExpired, purge, del stmt
 	clock, savepoint, releaseSavepoint, rollbackToSavepoint                stmt
 	createMigrations, migrationsExist, selectMigrations, selectMigration   stmt
-	insertMigration, deleteMigration, lockMigrations, unlockMigrations     stmt
+	insertMigration, deleteMigration, dropMigrations, lockMigrations       stmt
+	unlockMigrations                                                       stmt
 }
 
 func loadQueries(q Queries) (queries, error) {
@@ -145,6 +146,7 @@ func loadQueries(q Queries) (queries, error) {
 	get(&out.selectMigration, "SelectMigration", q.SelectMigration())
 	get(&out.insertMigration, "InsertMigration", q.InsertMigration())
 	get(&out.deleteMigration, "DeleteMigration", q.DeleteMigration())
+	get(&out.dropMigrations, "DropMigrationsTable", q.DropMigrationsTable())
 	get(&out.lockMigrations, "LockMigrations", q.LockMigrations())
 	get(&out.unlockMigrations, "UnlockMigrations", q.UnlockMigrations())
 	return out, joinErrs(errs)

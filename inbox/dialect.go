@@ -204,6 +204,9 @@ type Queries interface {
 	InsertMigration() Query
 	// DeleteMigration forgets a version. Args: version.
 	DeleteMigration() Query
+	// DropMigrationsTable drops "<table>_migrations" if it exists: what
+	// MigrateDown(ctx, 0) does last, leaving nothing of the inbox behind.
+	DropMigrationsTable() Query
 	// LockMigrations runs on a dedicated connection before migrating when
 	// Capabilities.MigrationLock is set, and returns one row whose only
 	// column is 1 once a lock excluding other migrating processes is held.

@@ -128,8 +128,8 @@ func (s *Store) MigrateTo(ctx context.Context, target int) error {
 }
 
 // MigrateDown undoes every applied version above target, newest first;
-// MigrateDown(ctx, 0) drops the inbox table and with it every record: all
-// intents are forgotten. Each version's down file runs in the transaction
+// MigrateDown(ctx, 0) drops the inbox table and with it every record — all
+// intents are forgotten — and then the versions table. Each version's down file runs in the transaction
 // that forgets the version.
 func (s *Store) MigrateDown(ctx context.Context, target int) error {
 	ms, err := s.Migrations()
@@ -143,6 +143,11 @@ func (s *Store) MigrateDown(ctx context.Context, target int) error {
 		for i := len(ms) - 1; i >= 0 && ms[i].Version > target; i-- {
 			if err := s.applyMigration(ctx, conn, ms[i], false); err != nil {
 				return fmt.Errorf("inbox: migrate down: version %d (%s): %w", ms[i].Version, ms[i].Name, err)
+			}
+		}
+		if target == 0 {
+			if _, err := s.exec(ctx, conn, s.q.dropMigrations, &params{}); err != nil {
+				return fmt.Errorf("inbox: migrate down: drop the migrations table: %w", err)
 			}
 		}
 		return nil

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 )
 
@@ -31,27 +30,14 @@ const MaxTableLen = 40
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// reserved holds words reserved in PostgreSQL, MySQL or SQLite that a table
-// could plausibly be named; the store puts the name into SQL unquoted.
-var reserved = map[string]bool{}
-
-func init() {
-	for _, w := range strings.Fields(`all alter analyze and as asc between both by case check collate column
-		constraint create cross current_date current_time current_timestamp current_user database default
-		delete desc distinct drop else end exists false fetch for foreign from grant group having in index
-		inner insert intersect into is join key keys leading left like limit natural not null offset on or
-		order outer primary references right select session_user set table then to trailing true union
-		unique update user using values when where with`) {
-		reserved[w] = true
-	}
-}
-
 // Config configures a [Store]. The zero value is usable.
 type Config struct {
 	// Table is the inbox table's name. Defaults to "inbox". It must be a
 	// plain identifier (letters, digits and underscores, not starting with a
 	// digit, at most MaxTableLen bytes), because it is put into SQL text;
-	// anything else is rejected by NewStore. The table lives in the
+	// anything else is rejected by NewStore. Every statement quotes it, so
+	// a word the database reserves ("order", "window") works too, and
+	// PostgreSQL keeps its case ("Inbox" is not "inbox"). The table lives in the
 	// connection's default schema (PostgreSQL's search_path, MySQL's
 	// database). "<table>_migrations" records applied schema versions.
 	Table string
@@ -103,9 +89,6 @@ func (c Config) validate() error {
 	}
 	if c.Prepare < PrepareAuto || c.Prepare > PrepareNever {
 		errs = append(errs, fmt.Errorf("%w: unknown %v", ErrInvalidConfig, c.Prepare))
-	}
-	if reserved[strings.ToLower(c.Table)] {
-		errs = append(errs, fmt.Errorf("%w: table name %q is an SQL reserved word; the store does not quote it", ErrInvalidConfig, c.Table))
 	}
 	return errors.Join(errs...)
 }

@@ -30,7 +30,6 @@ func NewStore(t testing.TB, db *sql.DB, d inbox.Dialect, cfg inbox.Config) *inbo
 	t.Cleanup(func() {
 		_ = store.Close()
 		_ = store.MigrateDown(context.Background(), 0)
-		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+store.Table()+"_migrations")
 	})
 	if err := store.Migrate(context.Background()); err != nil {
 		t.Fatalf("inboxtest: migrate: %v", err)

@@ -104,7 +104,7 @@ func (q queries) Insert() inbox.Query {
 	// INSERT IGNORE reports 0 rows affected for a taken key whatever
 	// CLIENT_FOUND_ROWS says (that flag only changes UPDATE counts), and a
 	// concurrent insert of the same key waits on its row lock.
-	return q.q("INSERT IGNORE INTO {{table}} (scope, operation, `key`, payload_hash, status, attempt, lease_owner,\n"+
+	return q.q("INSERT IGNORE INTO `{{table}}` (scope, operation, `key`, payload_hash, status, attempt, lease_owner,\n"+
 		"\tlease_until, correlation_id, error, created_at, updated_at, expires_at)\n"+
 		"VALUES (?, ?, ?, ?, ?, 1, NULLIF(?, ''), ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)",
 		inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgPayloadHash, inbox.ArgStatus, inbox.ArgLeaseOwner,
@@ -116,15 +116,15 @@ func (q queries) SelectForClaim() inbox.Query {
 	// A locking read: under REPEATABLE READ a plain SELECT reads the
 	// transaction's snapshot, which may predate the row that made the
 	// INSERT IGNORE a no-op.
-	return q.q("SELECT "+cols+" FROM {{table}}"+where+" LOCK IN SHARE MODE", idArgs...)
+	return q.q("SELECT "+cols+" FROM `{{table}}`"+where+" LOCK IN SHARE MODE", idArgs...)
 }
 
 func (q queries) Select() inbox.Query {
-	return q.q("SELECT "+cols+" FROM {{table}}"+where, idArgs...)
+	return q.q("SELECT "+cols+" FROM `{{table}}`"+where, idArgs...)
 }
 
 func (q queries) Finish() inbox.Query {
-	return q.q("UPDATE {{table}} SET status = ?, result = ?, resource_id = NULLIF(?, ''),\n"+
+	return q.q("UPDATE `{{table}}` SET status = ?, result = ?, resource_id = NULLIF(?, ''),\n"+
 		"\texternal_ref = COALESCE(NULLIF(?, ''), external_ref), error = NULLIF(?, ''),\n"+
 		"\tlease_owner = NULL, lease_until = NULL, updated_at = ?, expires_at = COALESCE(?, expires_at)"+
 		where+" AND attempt = ? AND status = ?",
@@ -133,14 +133,14 @@ func (q queries) Finish() inbox.Query {
 }
 
 func (q queries) TakeOver() inbox.Query {
-	return q.q("UPDATE {{table}} SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?"+
+	return q.q("UPDATE `{{table}}` SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?"+
 		where+" AND attempt = ? AND status = 'processing' AND (lease_until IS NULL OR lease_until < ?)",
 		append([]inbox.Arg{inbox.ArgLeaseOwner, inbox.ArgLeaseUntil, inbox.ArgUpdatedAt},
 			withID(inbox.ArgAttempt, inbox.ArgNow)...)...)
 }
 
 func (q queries) ExtendLease() inbox.Query {
-	return q.q("UPDATE {{table}} SET lease_until = ?, updated_at = ?"+where+" AND attempt = ? AND status = 'processing'",
+	return q.q("UPDATE `{{table}}` SET lease_until = ?, updated_at = ?"+where+" AND attempt = ? AND status = 'processing'",
 		append([]inbox.Arg{inbox.ArgLeaseUntil, inbox.ArgUpdatedAt}, withID(inbox.ArgAttempt)...)...)
 }
 
@@ -152,33 +152,33 @@ func (q queries) ExtendLease() inbox.Query {
 // of their status's range instead of at random.
 
 func (q queries) SelectPending() inbox.Query {
-	return q.q("SELECT "+cols+" FROM {{table}} WHERE status = 'pending' ORDER BY updated_at LIMIT ?", inbox.ArgLimit)
+	return q.q("SELECT "+cols+" FROM `{{table}}` WHERE status = 'pending' ORDER BY updated_at LIMIT ?", inbox.ArgLimit)
 }
 
 func (q queries) SelectStale() inbox.Query {
-	return q.q("SELECT "+cols+" FROM {{table}}\n"+
+	return q.q("SELECT "+cols+" FROM `{{table}}`\n"+
 		"WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?\n"+
 		"ORDER BY updated_at LIMIT ?", inbox.ArgNow, inbox.ArgBefore, inbox.ArgLimit)
 }
 
 func (q queries) UnfinishedStats() inbox.Query {
-	return q.q("SELECT status, COUNT(*), MIN(created_at) FROM {{table}} WHERE status IN " +
+	return q.q("SELECT status, COUNT(*), MIN(created_at) FROM `{{table}}` WHERE status IN " +
 		inbox.UnfinishedStatuses + " GROUP BY status")
 }
 
 func (q queries) OldestExpired() inbox.Query {
-	return q.q("SELECT MIN(expires_at) FROM {{table}} WHERE expires_at IS NOT NULL AND status IN " + inbox.FinishedStatuses)
+	return q.q("SELECT MIN(expires_at) FROM `{{table}}` WHERE expires_at IS NOT NULL AND status IN " + inbox.FinishedStatuses)
 }
 
 func (q queries) Purge() inbox.Query {
 	// One short autocommit statement per batch; the expires_at index keeps
 	// it to the rows it deletes. Unlike PostgreSQL's SKIP LOCKED it waits
 	// on rows a claim holds, for at most the claim's duration.
-	return q.q("DELETE FROM {{table}} WHERE expires_at < ? AND status IN "+inbox.FinishedStatuses+
+	return q.q("DELETE FROM `{{table}}` WHERE expires_at < ? AND status IN "+inbox.FinishedStatuses+
 		" ORDER BY expires_at LIMIT ?", inbox.ArgBefore, inbox.ArgLimit)
 }
 
-func (q queries) Delete() inbox.Query { return q.q("DELETE FROM {{table}}"+where, idArgs...) }
+func (q queries) Delete() inbox.Query { return q.q("DELETE FROM `{{table}}`"+where, idArgs...) }
 
 func (q queries) Clock() inbox.Query {
 	// UTC_TIMESTAMP, not NOW(): immune to the session's time zone.
@@ -192,7 +192,7 @@ func (q queries) RollbackToSavepoint() inbox.Query {
 }
 
 func (q queries) CreateMigrationsTable() inbox.Query {
-	return q.q("CREATE TABLE IF NOT EXISTS {{table}}_migrations (\n" +
+	return q.q("CREATE TABLE IF NOT EXISTS `{{table}}_migrations` (\n" +
 		"\tversion    INT          NOT NULL PRIMARY KEY,\n" +
 		"\tname       VARCHAR(255) NOT NULL,\n" +
 		"\tapplied_at DATETIME(6)  NOT NULL\n" +
@@ -205,20 +205,24 @@ func (q queries) MigrationsTableExists() inbox.Query {
 }
 
 func (q queries) SelectMigrations() inbox.Query {
-	return q.q("SELECT version FROM {{table}}_migrations ORDER BY version")
+	return q.q("SELECT version FROM `{{table}}_migrations` ORDER BY version")
 }
 
 func (q queries) SelectMigration() inbox.Query {
-	return q.q("SELECT COUNT(*) FROM {{table}}_migrations WHERE version = ?", inbox.ArgVersion)
+	return q.q("SELECT COUNT(*) FROM `{{table}}_migrations` WHERE version = ?", inbox.ArgVersion)
 }
 
 func (q queries) InsertMigration() inbox.Query {
-	return q.q("INSERT INTO {{table}}_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+	return q.q("INSERT INTO `{{table}}_migrations` (version, name, applied_at) VALUES (?, ?, ?)",
 		inbox.ArgVersion, inbox.ArgName, inbox.ArgNow)
 }
 
+func (q queries) DropMigrationsTable() inbox.Query {
+	return q.q("DROP TABLE IF EXISTS `{{table}}_migrations`")
+}
+
 func (q queries) DeleteMigration() inbox.Query {
-	return q.q("DELETE FROM {{table}}_migrations WHERE version = ?", inbox.ArgVersion)
+	return q.q("DELETE FROM `{{table}}_migrations` WHERE version = ?", inbox.ArgVersion)
 }
 
 // GET_LOCK returns 0 on timeout and NULL on error, both of which Migrate

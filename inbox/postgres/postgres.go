@@ -88,7 +88,7 @@ func (q queries) Insert() inbox.Query {
 	// ON CONFLICT DO NOTHING, not a plain INSERT: a unique violation would
 	// abort the whole transaction, and with it the caller's work when the
 	// claim joins the caller's transaction.
-	return q.q(`INSERT INTO {{table}} (scope, operation, key, payload_hash, status, attempt, lease_owner,
+	return q.q(`INSERT INTO "{{table}}" (scope, operation, key, payload_hash, status, attempt, lease_owner,
 	lease_until, correlation_id, error, created_at, updated_at, expires_at)
 VALUES ($1, $2, $3, $4, $5, 1, NULLIF($6, ''), $7, NULLIF($8, ''), NULLIF($9, ''), $10, $11, $12)
 ON CONFLICT (scope, operation, key) DO NOTHING`,
@@ -104,11 +104,11 @@ func (q queries) SelectForClaim() inbox.Query {
 }
 
 func (q queries) Select() inbox.Query {
-	return q.q(`SELECT `+cols+` FROM {{table}} WHERE scope = $1 AND operation = $2 AND key = $3`, idArgs...)
+	return q.q(`SELECT `+cols+` FROM "{{table}}" WHERE scope = $1 AND operation = $2 AND key = $3`, idArgs...)
 }
 
 func (q queries) Finish() inbox.Query {
-	return q.q(`UPDATE {{table}} SET status = $4, result = $5, resource_id = NULLIF($6, ''),
+	return q.q(`UPDATE "{{table}}" SET status = $4, result = $5, resource_id = NULLIF($6, ''),
 	external_ref = COALESCE(NULLIF($7, ''), external_ref), error = NULLIF($8, ''),
 	lease_owner = NULL, lease_until = NULL, updated_at = $9, expires_at = COALESCE($10, expires_at)
 WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $11 AND status = $12`,
@@ -117,48 +117,48 @@ WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $11 AND status = 
 }
 
 func (q queries) TakeOver() inbox.Query {
-	return q.q(`UPDATE {{table}} SET attempt = attempt + 1, lease_owner = $4, lease_until = $5, updated_at = $6
+	return q.q(`UPDATE "{{table}}" SET attempt = attempt + 1, lease_owner = $4, lease_until = $5, updated_at = $6
 WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $7
 	AND status = 'processing' AND (lease_until IS NULL OR lease_until < $8)`,
 		with(inbox.ArgLeaseOwner, inbox.ArgLeaseUntil, inbox.ArgUpdatedAt, inbox.ArgAttempt, inbox.ArgNow)...)
 }
 
 func (q queries) ExtendLease() inbox.Query {
-	return q.q(`UPDATE {{table}} SET lease_until = $4, updated_at = $5
+	return q.q(`UPDATE "{{table}}" SET lease_until = $4, updated_at = $5
 WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $6 AND status = 'processing'`,
 		with(inbox.ArgLeaseUntil, inbox.ArgUpdatedAt, inbox.ArgAttempt)...)
 }
 
 func (q queries) SelectPending() inbox.Query {
-	return q.q(`SELECT `+cols+` FROM {{table}} WHERE status = 'pending' ORDER BY updated_at LIMIT $1`, inbox.ArgLimit)
+	return q.q(`SELECT `+cols+` FROM "{{table}}" WHERE status = 'pending' ORDER BY updated_at LIMIT $1`, inbox.ArgLimit)
 }
 
 func (q queries) SelectStale() inbox.Query {
-	return q.q(`SELECT `+cols+` FROM {{table}}
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
 WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < $1) AND updated_at < $2
 ORDER BY updated_at LIMIT $3`, inbox.ArgNow, inbox.ArgBefore, inbox.ArgLimit)
 }
 
 func (q queries) UnfinishedStats() inbox.Query {
-	return q.q(`SELECT status, count(*), min(created_at) FROM {{table}} WHERE status IN ` +
+	return q.q(`SELECT status, count(*), min(created_at) FROM "{{table}}" WHERE status IN ` +
 		inbox.UnfinishedStatuses + ` GROUP BY status`)
 }
 
 func (q queries) OldestExpired() inbox.Query {
-	return q.q(`SELECT min(expires_at) FROM {{table}} WHERE expires_at IS NOT NULL AND status IN ` + inbox.FinishedStatuses)
+	return q.q(`SELECT min(expires_at) FROM "{{table}}" WHERE expires_at IS NOT NULL AND status IN ` + inbox.FinishedStatuses)
 }
 
 func (q queries) Purge() inbox.Query {
 	// PostgreSQL has no DELETE ... LIMIT; the batch is picked by primary
 	// key, skipping rows a claim holds so that a purge never waits on one.
-	return q.q(`DELETE FROM {{table}} WHERE (scope, operation, key) IN (
-	SELECT scope, operation, key FROM {{table}}
+	return q.q(`DELETE FROM "{{table}}" WHERE (scope, operation, key) IN (
+	SELECT scope, operation, key FROM "{{table}}"
 	WHERE expires_at < $1 AND status IN `+inbox.FinishedStatuses+`
 	LIMIT $2 FOR UPDATE SKIP LOCKED)`, inbox.ArgBefore, inbox.ArgLimit)
 }
 
 func (q queries) Delete() inbox.Query {
-	return q.q(`DELETE FROM {{table}} WHERE scope = $1 AND operation = $2 AND key = $3`, idArgs...)
+	return q.q(`DELETE FROM "{{table}}" WHERE scope = $1 AND operation = $2 AND key = $3`, idArgs...)
 }
 
 func (q queries) Clock() inbox.Query {
@@ -172,7 +172,7 @@ func (q queries) RollbackToSavepoint() inbox.Query {
 }
 
 func (q queries) CreateMigrationsTable() inbox.Query {
-	return q.q(`CREATE TABLE IF NOT EXISTS {{table}}_migrations (
+	return q.q(`CREATE TABLE IF NOT EXISTS "{{table}}_migrations" (
 	version    integer     PRIMARY KEY,
 	name       text        NOT NULL,
 	applied_at timestamptz NOT NULL
@@ -185,20 +185,24 @@ WHERE schemaname = current_schema() AND tablename = '{{table}}_migrations'`)
 }
 
 func (q queries) SelectMigrations() inbox.Query {
-	return q.q(`SELECT version FROM {{table}}_migrations ORDER BY version`)
+	return q.q(`SELECT version FROM "{{table}}_migrations" ORDER BY version`)
 }
 
 func (q queries) SelectMigration() inbox.Query {
-	return q.q(`SELECT count(*) FROM {{table}}_migrations WHERE version = $1`, inbox.ArgVersion)
+	return q.q(`SELECT count(*) FROM "{{table}}_migrations" WHERE version = $1`, inbox.ArgVersion)
 }
 
 func (q queries) InsertMigration() inbox.Query {
-	return q.q(`INSERT INTO {{table}}_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
+	return q.q(`INSERT INTO "{{table}}_migrations" (version, name, applied_at) VALUES ($1, $2, $3)`,
 		inbox.ArgVersion, inbox.ArgName, inbox.ArgNow)
 }
 
+func (q queries) DropMigrationsTable() inbox.Query {
+	return q.q(`DROP TABLE IF EXISTS "{{table}}_migrations"`)
+}
+
 func (q queries) DeleteMigration() inbox.Query {
-	return q.q(`DELETE FROM {{table}}_migrations WHERE version = $1`, inbox.ArgVersion)
+	return q.q(`DELETE FROM "{{table}}_migrations" WHERE version = $1`, inbox.ArgVersion)
 }
 
 // A session-level advisory lock: held across the per-version

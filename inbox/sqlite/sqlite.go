@@ -99,7 +99,7 @@ const where = ` WHERE scope = ? AND operation = ? AND "key" = ?`
 func withID(args ...inbox.Arg) []inbox.Arg { return append(append([]inbox.Arg{}, idArgs...), args...) }
 
 func (q queries) Insert() inbox.Query {
-	return q.q(`INSERT INTO {{table}} (scope, operation, "key", payload_hash, status, attempt, lease_owner,
+	return q.q(`INSERT INTO "{{table}}" (scope, operation, "key", payload_hash, status, attempt, lease_owner,
 	lease_until, correlation_id, error, created_at, updated_at, expires_at)
 VALUES (?, ?, ?, ?, ?, 1, NULLIF(?, ''), ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)
 ON CONFLICT (scope, operation, "key") DO NOTHING`,
@@ -114,11 +114,11 @@ ON CONFLICT (scope, operation, "key") DO NOTHING`,
 func (q queries) SelectForClaim() inbox.Query { return q.Select() }
 
 func (q queries) Select() inbox.Query {
-	return q.q(`SELECT `+cols+` FROM {{table}}`+where, idArgs...)
+	return q.q(`SELECT `+cols+` FROM "{{table}}"`+where, idArgs...)
 }
 
 func (q queries) Finish() inbox.Query {
-	return q.q(`UPDATE {{table}} SET status = ?, result = ?, resource_id = NULLIF(?, ''),
+	return q.q(`UPDATE "{{table}}" SET status = ?, result = ?, resource_id = NULLIF(?, ''),
 	external_ref = COALESCE(NULLIF(?, ''), external_ref), error = NULLIF(?, ''),
 	lease_owner = NULL, lease_until = NULL, updated_at = ?, expires_at = COALESCE(?, expires_at)`+where+
 		` AND attempt = ? AND status = ?`,
@@ -127,45 +127,45 @@ func (q queries) Finish() inbox.Query {
 }
 
 func (q queries) TakeOver() inbox.Query {
-	return q.q(`UPDATE {{table}} SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?`+where+
+	return q.q(`UPDATE "{{table}}" SET attempt = attempt + 1, lease_owner = ?, lease_until = ?, updated_at = ?`+where+
 		` AND attempt = ? AND status = 'processing' AND (lease_until IS NULL OR lease_until < ?)`,
 		append([]inbox.Arg{inbox.ArgLeaseOwner, inbox.ArgLeaseUntil, inbox.ArgUpdatedAt},
 			withID(inbox.ArgAttempt, inbox.ArgNow)...)...)
 }
 
 func (q queries) ExtendLease() inbox.Query {
-	return q.q(`UPDATE {{table}} SET lease_until = ?, updated_at = ?`+where+` AND attempt = ? AND status = 'processing'`,
+	return q.q(`UPDATE "{{table}}" SET lease_until = ?, updated_at = ?`+where+` AND attempt = ? AND status = 'processing'`,
 		append([]inbox.Arg{inbox.ArgLeaseUntil, inbox.ArgUpdatedAt}, withID(inbox.ArgAttempt)...)...)
 }
 
 func (q queries) SelectPending() inbox.Query {
-	return q.q(`SELECT `+cols+` FROM {{table}} WHERE status = 'pending' ORDER BY updated_at LIMIT ?`, inbox.ArgLimit)
+	return q.q(`SELECT `+cols+` FROM "{{table}}" WHERE status = 'pending' ORDER BY updated_at LIMIT ?`, inbox.ArgLimit)
 }
 
 func (q queries) SelectStale() inbox.Query {
-	return q.q(`SELECT `+cols+` FROM {{table}}
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
 WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) AND updated_at < ?
 ORDER BY updated_at LIMIT ?`, inbox.ArgNow, inbox.ArgBefore, inbox.ArgLimit)
 }
 
 func (q queries) UnfinishedStats() inbox.Query {
-	return q.q(`SELECT status, COUNT(*), MIN(created_at) FROM {{table}} WHERE status IN ` +
+	return q.q(`SELECT status, COUNT(*), MIN(created_at) FROM "{{table}}" WHERE status IN ` +
 		inbox.UnfinishedStatuses + ` GROUP BY status`)
 }
 
 func (q queries) OldestExpired() inbox.Query {
-	return q.q(`SELECT MIN(expires_at) FROM {{table}} WHERE expires_at IS NOT NULL AND status IN ` + inbox.FinishedStatuses)
+	return q.q(`SELECT MIN(expires_at) FROM "{{table}}" WHERE expires_at IS NOT NULL AND status IN ` + inbox.FinishedStatuses)
 }
 
 func (q queries) Purge() inbox.Query {
 	// DELETE ... LIMIT is a compile-time option of SQLite; a row-value IN
 	// over the primary key works everywhere.
-	return q.q(`DELETE FROM {{table}} WHERE (scope, operation, "key") IN (
-	SELECT scope, operation, "key" FROM {{table}}
+	return q.q(`DELETE FROM "{{table}}" WHERE (scope, operation, "key") IN (
+	SELECT scope, operation, "key" FROM "{{table}}"
 	WHERE expires_at < ? AND status IN `+inbox.FinishedStatuses+` LIMIT ?)`, inbox.ArgBefore, inbox.ArgLimit)
 }
 
-func (q queries) Delete() inbox.Query { return q.q(`DELETE FROM {{table}}`+where, idArgs...) }
+func (q queries) Delete() inbox.Query { return q.q(`DELETE FROM "{{table}}"`+where, idArgs...) }
 
 // Clock is never used (Capabilities.SharedClock) but answers correctly.
 func (q queries) Clock() inbox.Query {
@@ -179,7 +179,7 @@ func (q queries) RollbackToSavepoint() inbox.Query {
 }
 
 func (q queries) CreateMigrationsTable() inbox.Query {
-	return q.q(`CREATE TABLE IF NOT EXISTS {{table}}_migrations (
+	return q.q(`CREATE TABLE IF NOT EXISTS "{{table}}_migrations" (
 	version    INTEGER NOT NULL PRIMARY KEY,
 	name       TEXT    NOT NULL,
 	applied_at INTEGER NOT NULL
@@ -191,20 +191,24 @@ func (q queries) MigrationsTableExists() inbox.Query {
 }
 
 func (q queries) SelectMigrations() inbox.Query {
-	return q.q(`SELECT version FROM {{table}}_migrations ORDER BY version`)
+	return q.q(`SELECT version FROM "{{table}}_migrations" ORDER BY version`)
 }
 
 func (q queries) SelectMigration() inbox.Query {
-	return q.q(`SELECT COUNT(*) FROM {{table}}_migrations WHERE version = ?`, inbox.ArgVersion)
+	return q.q(`SELECT COUNT(*) FROM "{{table}}_migrations" WHERE version = ?`, inbox.ArgVersion)
 }
 
 func (q queries) InsertMigration() inbox.Query {
-	return q.q(`INSERT INTO {{table}}_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+	return q.q(`INSERT INTO "{{table}}_migrations" (version, name, applied_at) VALUES (?, ?, ?)`,
 		inbox.ArgVersion, inbox.ArgName, inbox.ArgNow)
 }
 
+func (q queries) DropMigrationsTable() inbox.Query {
+	return q.q(`DROP TABLE IF EXISTS "{{table}}_migrations"`)
+}
+
 func (q queries) DeleteMigration() inbox.Query {
-	return q.q(`DELETE FROM {{table}}_migrations WHERE version = ?`, inbox.ArgVersion)
+	return q.q(`DELETE FROM "{{table}}_migrations" WHERE version = ?`, inbox.ArgVersion)
 }
 
 // LockMigrations and UnlockMigrations are not run (no

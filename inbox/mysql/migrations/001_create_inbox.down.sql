@@ -1,1 +1,1 @@
-DROP TABLE IF EXISTS {{table}};
+DROP TABLE IF EXISTS `{{table}}`;

@@ -8,7 +8,7 @@
 --
 -- {{table}} stands for the inbox table's name (default "inbox"); the store
 -- renders it when it applies this file.
-CREATE TABLE IF NOT EXISTS {{table}} (
+CREATE TABLE IF NOT EXISTS `{{table}}` (
     scope          VARBINARY(255) NOT NULL DEFAULT '',
     operation      VARBINARY(255) NOT NULL,
     `key`          VARBINARY(255) NOT NULL,
@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     updated_at     DATETIME(6)    NOT NULL,
     expires_at     DATETIME(6)    NULL,
     PRIMARY KEY (scope, operation, `key`),
-    KEY {{table}}_expires_at_idx (expires_at),
-    KEY {{table}}_status_lease_idx (status, lease_until),
-    CONSTRAINT {{table}}_status_check CHECK (status IN ('processing', 'completed', 'failed', 'pending'))
+    KEY `{{table}}_expires_at_idx` (expires_at),
+    KEY `{{table}}_status_lease_idx` (status, lease_until),
+    CONSTRAINT `{{table}}_status_check` CHECK (status IN ('processing', 'completed', 'failed', 'pending'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -4,7 +4,7 @@
 -- too, or a later Migrate would not apply version 2 again.
 SET @inboxmill_ddl = (
     SELECT IF(COUNT(*) = 0,
-        'ALTER TABLE {{table}} ADD INDEX {{table}}_status_lease_idx (status, lease_until)',
+        'ALTER TABLE `{{table}}` ADD INDEX `{{table}}_status_lease_idx` (status, lease_until)',
         'DO 0')
     FROM information_schema.statistics
     WHERE table_schema = DATABASE() AND table_name = '{{table}}' AND index_name = '{{table}}_status_lease_idx'
@@ -15,7 +15,7 @@ DEALLOCATE PREPARE inboxmill_stmt;
 
 SET @inboxmill_ddl = (
     SELECT IF(COUNT(*) > 0,
-        'ALTER TABLE {{table}} DROP INDEX {{table}}_status_updated_idx',
+        'ALTER TABLE `{{table}}` DROP INDEX `{{table}}_status_updated_idx`',
         'DO 0')
     FROM information_schema.statistics
     WHERE table_schema = DATABASE() AND table_name = '{{table}}' AND index_name = '{{table}}_status_updated_idx'

@@ -24,7 +24,7 @@
 -- when it applies this file.
 SET @inboxmill_ddl = (
     SELECT IF(COUNT(*) = 0,
-        'ALTER TABLE {{table}} ADD INDEX {{table}}_status_updated_idx (status, updated_at)',
+        'ALTER TABLE `{{table}}` ADD INDEX `{{table}}_status_updated_idx` (status, updated_at)',
         'DO 0')
     FROM information_schema.statistics
     WHERE table_schema = DATABASE() AND table_name = '{{table}}' AND index_name = '{{table}}_status_updated_idx'
@@ -35,7 +35,7 @@ DEALLOCATE PREPARE inboxmill_stmt;
 
 SET @inboxmill_ddl = (
     SELECT IF(COUNT(*) > 0,
-        'ALTER TABLE {{table}} DROP INDEX {{table}}_status_lease_idx',
+        'ALTER TABLE `{{table}}` DROP INDEX `{{table}}_status_lease_idx`',
         'DO 0')
     FROM information_schema.statistics
     WHERE table_schema = DATABASE() AND table_name = '{{table}}' AND index_name = '{{table}}_status_lease_idx'

@@ -4,7 +4,7 @@
 --
 -- {{table}} stands for the inbox table's name (default "inbox"); the store
 -- renders it when it applies this file.
-CREATE TABLE IF NOT EXISTS {{table}} (
+CREATE TABLE IF NOT EXISTS "{{table}}" (
     scope          text        NOT NULL DEFAULT '',
     operation      text        NOT NULL,
     key            text        NOT NULL,
@@ -21,14 +21,14 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     created_at     timestamptz NOT NULL,
     updated_at     timestamptz NOT NULL,
     expires_at     timestamptz,
-    CONSTRAINT {{table}}_pkey PRIMARY KEY (scope, operation, key),
-    CONSTRAINT {{table}}_status_check CHECK (status IN ('processing', 'completed', 'failed', 'pending'))
+    CONSTRAINT "{{table}}_pkey" PRIMARY KEY (scope, operation, key),
+    CONSTRAINT "{{table}}_status_check" CHECK (status IN ('processing', 'completed', 'failed', 'pending'))
 );
 
 -- Purge walks expired rows in small batches.
-CREATE INDEX IF NOT EXISTS {{table}}_expires_at_idx ON {{table}} (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "{{table}}_expires_at_idx" ON "{{table}}" (expires_at) WHERE expires_at IS NOT NULL;
 
 -- Stuck-lease and pending scans only ever look at unfinished rows; keeping
 -- finished ones out keeps this index small however large the table grows.
-CREATE INDEX IF NOT EXISTS {{table}}_status_lease_idx ON {{table}} (status, lease_until)
+CREATE INDEX IF NOT EXISTS "{{table}}_status_lease_idx" ON "{{table}}" (status, lease_until)
     WHERE status IN ('processing', 'pending');

@@ -8,7 +8,7 @@
 --
 -- {{table}} stands for the inbox table's name (default "inbox"); the store
 -- renders it when it applies this file.
-CREATE TABLE IF NOT EXISTS {{table}} (
+CREATE TABLE IF NOT EXISTS "{{table}}" (
     scope          TEXT    NOT NULL DEFAULT '',
     operation      TEXT    NOT NULL,
     "key"          TEXT    NOT NULL,
@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     PRIMARY KEY (scope, operation, "key")
 ) WITHOUT ROWID;
 
-CREATE INDEX IF NOT EXISTS {{table}}_expires_at_idx ON {{table}} (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "{{table}}_expires_at_idx" ON "{{table}}" (expires_at) WHERE expires_at IS NOT NULL;
 
-CREATE INDEX IF NOT EXISTS {{table}}_status_lease_idx ON {{table}} (status, lease_until)
+CREATE INDEX IF NOT EXISTS "{{table}}_status_lease_idx" ON "{{table}}" (status, lease_until)
     WHERE status IN ('processing', 'pending');
