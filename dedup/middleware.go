@@ -61,7 +61,12 @@ func New(store *inbox.Store, cfg Config) (*Deduplicator, error) {
 	return d, nil
 }
 
-// Stats returns the outcome counts so far.
+// Stats returns the outcome counts so far. They count what the middleware
+// decided, not what committed: with Transactional.JoinTx an execution is
+// counted when its savepoint is released, and the consuming transaction
+// commits after the middleware returns (a commit that fails rolls it back,
+// and the redelivery is counted again). To wait for work to be done, wait
+// for its committed effects.
 func (d *Deduplicator) Stats() Stats { return d.stats.snapshot() }
 
 // Middleware wraps h so that it runs at most once per business intent, in a
