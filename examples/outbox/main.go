@@ -112,7 +112,14 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err != nil {
 		return sum, err
 	}
+	// Here the example migrates its own inbox. In production migrations
+	// run once per deploy (store.Migrate in a job, or your migration tool),
+	// and a service checks at start-up that the schema is the one it was
+	// built for, refusing to start on ErrSchemaOutdated or ErrSchemaNewer.
 	if err := store.Migrate(ctx); err != nil {
+		return sum, err
+	}
+	if err := store.Validate(ctx); err != nil {
 		return sum, err
 	}
 	requests, deliveries := cfg.tables+"_requests", cfg.tables+"_deliveries"

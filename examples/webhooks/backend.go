@@ -144,7 +144,14 @@ func (b *backend) migrate(ctx context.Context, dialect inbox.Dialect, table stri
 	if err != nil {
 		return err
 	}
+	// Here the example migrates its own inbox. In production migrations
+	// run once per deploy (store.Migrate in a job, or your migration tool),
+	// and a service checks at start-up that the schema is the one it was
+	// built for, refusing to start on ErrSchemaOutdated or ErrSchemaNewer.
 	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	if err := store.Validate(ctx); err != nil {
 		return err
 	}
 	b.store = store
