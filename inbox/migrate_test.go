@@ -56,8 +56,8 @@ func TestMigrationsRenderEveryIdentifier(t *testing.T) {
 	require.Len(t, ms, 2)
 	require.Equal(t, "status_updated_index", ms[1].Name)
 	require.Contains(t, ms[1].Up, "table_name = 'acme'")
-	require.Contains(t, ms[1].Up, "ADD INDEX acme_status_updated_idx (status, updated_at)")
-	require.Contains(t, ms[1].Up, "DROP INDEX acme_status_lease_idx")
+	require.Contains(t, ms[1].Up, "ADD INDEX `acme_status_updated_idx` (status, updated_at)")
+	require.Contains(t, ms[1].Up, "DROP INDEX `acme_status_lease_idx`")
 }
 
 // TestLoadMigrationsRejectsMalformedSets: a set of files the store would

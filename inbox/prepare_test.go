@@ -104,7 +104,7 @@ func claimAll(t *testing.T, store *inbox.Store, from, n int) {
 func TestPreparedStatementsAreParsedOncePerConnection(t *testing.T) {
 	store, c := countingStore(t, inbox.PrepareAlways)
 	claimAll(t, store, 0, 10)
-	require.Equal(t, 1, c.count("INSERT INTO inbox ("), "the claim's INSERT, prepared once and reused")
+	require.Equal(t, 1, c.count(`INSERT INTO "inbox" (`), "the claim's INSERT, prepared once and reused")
 
 	// A duplicate's read is prepared once too, in or out of a transaction.
 	ctx := context.Background()
@@ -113,14 +113,14 @@ func TestPreparedStatementsAreParsedOncePerConnection(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, res.Claimed)
 	}
-	require.Equal(t, 1, c.count("INSERT INTO inbox ("))
+	require.Equal(t, 1, c.count(`INSERT INTO "inbox" (`))
 	require.Equal(t, 1, c.count("SELECT scope"), "the read of the existing record")
 }
 
 func TestUnpreparedStatementsAreParsedEveryTime(t *testing.T) {
 	store, c := countingStore(t, inbox.PrepareNever)
 	claimAll(t, store, 0, 10)
-	require.Equal(t, 10, c.count("INSERT INTO inbox ("))
+	require.Equal(t, 10, c.count(`INSERT INTO "inbox" (`))
 }
 
 func TestPlainTransactionsDoNotUseTheCache(t *testing.T) {
@@ -129,7 +129,7 @@ func TestPlainTransactionsDoNotUseTheCache(t *testing.T) {
 	store, c := countingStore(t, inbox.PrepareAlways)
 	ctx := context.Background()
 	claimAll(t, store, 0, 1) // the claim is prepared and cached
-	require.Equal(t, 1, c.count("INSERT INTO inbox ("))
+	require.Equal(t, 1, c.count(`INSERT INTO "inbox" (`))
 	for _, key := range []string{"x", "y"} {
 		tx, err := store.DB().BeginTx(ctx, nil)
 		require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestPlainTransactionsDoNotUseTheCache(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit())
 	}
-	require.Equal(t, 1+2, c.count("INSERT INTO inbox ("), "the text, parsed for each plain transaction")
+	require.Equal(t, 1+2, c.count(`INSERT INTO "inbox" (`), "the text, parsed for each plain transaction")
 }
 
 func TestTxOfAnotherDatabaseSendsText(t *testing.T) {
@@ -167,7 +167,7 @@ func TestStoreWorksAfterClose(t *testing.T) {
 	require.NoError(t, store.Close())
 	require.NoError(t, store.Close(), "Close is idempotent")
 	claimAll(t, store, 2, 2)
-	require.Equal(t, 1+2, c.count("INSERT INTO inbox ("), "after Close the text is sent every time")
+	require.Equal(t, 1+2, c.count(`INSERT INTO "inbox" (`), "after Close the text is sent every time")
 }
 
 func TestPrepareConfigIsValidated(t *testing.T) {

@@ -6,8 +6,8 @@
 -- a case-insensitive or PAD SPACE collation would make "Order-1", "order-1"
 -- and "order-1 " the same intent.
 --
--- {{table}} stands for the inbox table's name (default "inbox"); the store
--- renders it when it applies this file.
+-- The table's name is written as a marker, quoted, which the store replaces
+-- with the configured name (default "inbox") when it applies this file.
 CREATE TABLE IF NOT EXISTS `{{table}}` (
     scope          VARBINARY(255) NOT NULL DEFAULT '',
     operation      VARBINARY(255) NOT NULL,

@@ -19,9 +19,9 @@
 -- new index is built before the old one goes, online (writes continue) but
 -- over the whole table: expect it to take a while on a large inbox.
 --
--- {{table}} stands for the inbox table's name (default "inbox"), also inside
--- the quoted statements and the table_name literals; the store renders it
--- when it applies this file.
+-- The table's name is written as a marker, also inside the quoted statements
+-- and the table_name literals, which the store replaces with the configured
+-- name (default "inbox") when it applies this file.
 SET @inboxmill_ddl = (
     SELECT IF(COUNT(*) = 0,
         'ALTER TABLE `{{table}}` ADD INDEX `{{table}}_status_updated_idx` (status, updated_at)',

@@ -2,8 +2,8 @@
 -- (scope, operation, key). The unique primary key is what makes a claim atomic:
 -- two deliveries of one event race on the INSERT and exactly one wins.
 --
--- {{table}} stands for the inbox table's name (default "inbox"); the store
--- renders it when it applies this file.
+-- The table's name is written as a marker, quoted, which the store replaces
+-- with the configured name (default "inbox") when it applies this file.
 CREATE TABLE IF NOT EXISTS "{{table}}" (
     scope          text        NOT NULL DEFAULT '',
     operation      text        NOT NULL,

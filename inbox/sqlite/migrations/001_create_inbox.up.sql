@@ -6,8 +6,8 @@
 -- timestamp type, and integers compare correctly where formatted text with
 -- mixed offsets would not.
 --
--- {{table}} stands for the inbox table's name (default "inbox"); the store
--- renders it when it applies this file.
+-- The table's name is written as a marker, quoted, which the store replaces
+-- with the configured name (default "inbox") when it applies this file.
 CREATE TABLE IF NOT EXISTS "{{table}}" (
     scope          TEXT    NOT NULL DEFAULT '',
     operation      TEXT    NOT NULL,
