@@ -38,7 +38,7 @@ type benchEnv struct {
 
 func setupBench(b *testing.B, kind testdb.Kind) *benchEnv {
 	b.Helper()
-	db := openShared(b, kind)
+	db := testdb.Open(b, kind)
 	e := &benchEnv{db: db, dialect: testdb.Dialect(kind), effects: testdb.UniqueName("bench_effects")}
 	_, err := db.Exec("CREATE TABLE " + e.effects + " (event_id VARCHAR(255) NOT NULL, amount INTEGER NOT NULL)")
 	if err != nil {

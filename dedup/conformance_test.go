@@ -15,26 +15,11 @@ import (
 // out: PrepareAlways on both PostgreSQL drivers, PrepareNever on SQLite and
 // MySQL.
 func TestConformance(t *testing.T) {
-	other := map[testdb.Kind]inbox.Prepare{
-		testdb.PostgresPQ:  inbox.PrepareAlways,
-		testdb.PostgresPGX: inbox.PrepareAlways,
-		testdb.SQLite:      inbox.PrepareNever,
-		testdb.MySQL:       inbox.PrepareNever,
-	}
-	for _, kind := range testdb.All {
-		for _, prepare := range []inbox.Prepare{inbox.PrepareAuto, other[kind]} {
-			name := string(kind)
-			if prepare != inbox.PrepareAuto {
-				name += "/prepare-" + prepare.String()
-			}
-			t.Run(name, func(t *testing.T) {
-				t.Parallel()
-				deduptest.Run(t, deduptest.Harness{
-					Dialect: testdb.Dialect(kind),
-					DB:      func(t testing.TB) *sql.DB { return openShared(t, kind) },
-					Prepare: prepare,
-				})
-			})
-		}
-	}
+	testdb.EachMode(t, func(t *testing.T, kind testdb.Kind, prepare inbox.Prepare) {
+		deduptest.Run(t, deduptest.Harness{
+			Dialect: testdb.Dialect(kind),
+			DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
+			Prepare: prepare,
+		})
+	})
 }

@@ -52,7 +52,7 @@ type dryRunBundle struct {
 // of a handler that counts its runs.
 func setupDryRun(t *testing.T, kind testdb.Kind, retention time.Duration) *dryRunBundle {
 	t.Helper()
-	db := openShared(t, kind)
+	db := testdb.Open(t, kind)
 	b := &dryRunBundle{db: db, clock: &dryRunClock{now: time.Now().UTC().Truncate(time.Second)}}
 	table := testdb.UniqueName("dryrun")
 	store, err := inbox.NewStore(db, testdb.Dialect(kind), inbox.Config{Table: table, Now: b.clock.Now})

@@ -34,7 +34,7 @@ type rig struct {
 
 func newRig(t *testing.T, kind testdb.Kind, prepare inbox.Prepare) *rig {
 	t.Helper()
-	r := &rig{ctx: context.Background(), db: openShared(t, kind), clock: &inboxtest.Clock{}, effects: map[string]int{}}
+	r := &rig{ctx: context.Background(), db: testdb.Open(t, kind), clock: &inboxtest.Clock{}, effects: map[string]int{}}
 	r.store = inboxtest.NewStore(t, r.db, testdb.Dialect(kind), inbox.Config{Now: r.clock.Now, Prepare: prepare})
 	return r
 }
@@ -102,24 +102,9 @@ func event(key, payload string) *message.Message { return deduptest.NewMessage(k
 // reservations — on every database and driver, in the default statement
 // mode and in the one it leaves out.
 func TestSettlesWhatTheMiddlewareLeft(t *testing.T) {
-	other := map[testdb.Kind]inbox.Prepare{
-		testdb.PostgresPQ:  inbox.PrepareAlways,
-		testdb.PostgresPGX: inbox.PrepareAlways,
-		testdb.SQLite:      inbox.PrepareNever,
-		testdb.MySQL:       inbox.PrepareNever,
-	}
-	for _, kind := range testdb.All {
-		for _, prepare := range []inbox.Prepare{inbox.PrepareAuto, other[kind]} {
-			name := string(kind)
-			if prepare != inbox.PrepareAuto {
-				name += "/prepare-" + prepare.String()
-			}
-			t.Run(name, func(t *testing.T) {
-				t.Parallel()
-				runSettle(t, func(t *testing.T) *rig { return newRig(t, kind, prepare) })
-			})
-		}
-	}
+	testdb.EachMode(t, func(t *testing.T, kind testdb.Kind, prepare inbox.Prepare) {
+		runSettle(t, func(t *testing.T) *rig { return newRig(t, kind, prepare) })
+	})
 }
 
 func runSettle(t *testing.T, setup func(t *testing.T) *rig) {

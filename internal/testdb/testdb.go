@@ -159,3 +159,41 @@ func UniqueName(prefix string) string {
 	_, _ = rand.Read(b[:])
 	return prefix + "_" + hex.EncodeToString(b[:])
 }
+
+// EachMode runs f as a parallel subtest for every kind in All, in the
+// default statement mode (prepared on MySQL and SQLite, text on
+// PostgreSQL) and once more in the mode that default leaves out:
+// PrepareAlways on both PostgreSQL drivers, PrepareNever on SQLite and
+// MySQL. Subtests are named after the kind, plus "/prepare-<mode>".
+func EachMode(t *testing.T, f func(t *testing.T, kind Kind, prepare inbox.Prepare)) {
+	other := map[Kind]inbox.Prepare{
+		PostgresPQ:  inbox.PrepareAlways,
+		PostgresPGX: inbox.PrepareAlways,
+		SQLite:      inbox.PrepareNever,
+		MySQL:       inbox.PrepareNever,
+	}
+	for _, kind := range All {
+		for _, prepare := range []inbox.Prepare{inbox.PrepareAuto, other[kind]} {
+			name := string(kind)
+			if prepare != inbox.PrepareAuto {
+				name += "/prepare-" + prepare.String()
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				f(t, kind, prepare)
+			})
+		}
+	}
+}
+
+// CloseShared closes the server databases Open shares across the test
+// binary, so that a leak check after the tests does not find their
+// drivers' connection goroutines. Open after it opens new ones.
+func CloseShared() {
+	mu.Lock()
+	defer mu.Unlock()
+	for k, db := range shared {
+		_ = db.Close()
+		delete(shared, k)
+	}
+}

@@ -10,12 +10,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
@@ -140,4 +142,20 @@ func WaitFor(t testing.TB, limit time.Duration, what string, cond func() (bool, 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// MainWithLeakCheck is a TestMain that fails a passing test binary when a
+// goroutine outlives its tests (a heartbeat or a background loop that was
+// not stopped). The shared server databases are closed first, so that
+// their drivers' connection goroutines end with them.
+func MainWithLeakCheck(m *testing.M) {
+	code := m.Run()
+	testdb.CloseShared()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener")); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
