@@ -40,7 +40,7 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 		}
 		var pe *PermanentError
 		if errors.As(err, &pe) {
-			return nil, d.recordPermanent(ctx, msg, id, pe), err
+			return d.recordPermanent(ctx, msg, id, pe, err)
 		}
 		return out, outcome, err
 	}
@@ -119,15 +119,27 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 
 // recordPermanent records a permanent failure after the handler's
 // transaction rolled back, so that later deliveries are acked without
-// running the handler. If recording fails the delivery is only retried.
-func (d *Deduplicator) recordPermanent(ctx context.Context, msg *message.Message, id identity, pe *PermanentError) Outcome {
-	_, err := d.store.Claim(context.WithoutCancel(ctx), d.store.DB(), d.permanentClaim(msg, id, pe))
-	if err != nil {
+// running the handler, and returns err for the poison queue. If recording
+// fails the delivery is only retried, with an error that is not poison. If another delivery of the intent
+// recorded an outcome first — it claimed the key once this one's claim
+// rolled back, and ran the handler too — that record decides, as it does
+// for any duplicate: the failure is counted, and poisoned, once.
+func (d *Deduplicator) recordPermanent(ctx context.Context, msg *message.Message, id identity, pe *PermanentError, err error) (
+	[]*message.Message, Outcome, error,
+) {
+	res, cerr := d.store.Claim(context.WithoutCancel(ctx), d.store.DB(), d.permanentClaim(msg, id, pe))
+	switch {
+	case cerr != nil:
+		// Not the permanent error itself: a poison queue would take the
+		// message, while nothing recorded the failure. Nacked, the
+		// redelivery runs the handler again and records it then.
 		d.cfg.Logger.Info("inboxmill: could not record a permanent failure; the message will be retried",
-			d.logFields(msg, id, OutcomeRetry, err))
-		return OutcomeRetry
+			d.logFields(msg, id, OutcomeRetry, cerr))
+		return nil, OutcomeRetry, fmt.Errorf("dedup: record the permanent failure %q: %w", pe.Error(), cerr)
+	case !res.Claimed:
+		return d.replay(res.Record)
 	}
-	return OutcomeFailed
+	return nil, OutcomeFailed, err
 }
 
 // replay decides what a delivery of a key that is already recorded does.

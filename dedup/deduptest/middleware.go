@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -346,6 +347,51 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		require.Equal(t, inbox.StatusFailed, rec.Status)
 		require.Contains(t, rec.Error, "invalid order")
+	})
+
+	// Concurrent deliveries of an intent that fails for good: each claim
+	// waits on the one before it, which rolls back, so several may run
+	// the handler; the failure must still be recorded, counted and sent to
+	// the poison queue once, and every other delivery acked as its
+	// duplicate.
+	t.Run("ConcurrentPermanentFailuresAreRecordedOnce", func(t *testing.T) {
+		t.Parallel()
+		m := setupMiddleware(t, h, dedup.Config{Mode: dedup.Transactional{ReadFirst: dedup.ReadFirstNever}})
+		m.fail = func(int64) error {
+			time.Sleep(5 * time.Millisecond) // keep the claim open while the others queue behind it
+			return dedup.Permanent(errors.New("invalid order"))
+		}
+		const n = 8
+		errs := make(chan error, n)
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				_, err := m.deliver(event("evt-perm", `{}`))
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		poisoned, nacked := 0, 0
+		for err := range errs {
+			switch {
+			case err == nil:
+			case dedup.IsPoison(err):
+				poisoned++
+			default:
+				// A claim that lost a deadlock on MySQL: nacked, redelivered.
+				require.True(t, dedup.IsRetryable(err), "%v", err)
+				nacked++
+			}
+		}
+		for range nacked {
+			_, err := m.deliver(event("evt-perm", `{}`))
+			require.NoError(t, err, "a redelivery is a duplicate of the recorded failure")
+		}
+		require.Equal(t, 1, poisoned, "one delivery goes to the poison queue, the others are its duplicates")
+		require.EqualValues(t, 1, m.d.Stats().Failed)
+		require.Equal(t, 0, m.countEffects(t, "evt-perm"))
+		require.Equal(t, inbox.StatusFailed, m.get(t, "record_effect", "evt-perm").Status)
 	})
 
 	t.Run("PermanentFailureIsRecordedAndItsDuplicatesAcked", func(t *testing.T) {
