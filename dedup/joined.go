@@ -65,9 +65,12 @@ func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Mess
 	if errors.As(err, &pe) {
 		// Recorded in the consuming transaction, so it commits with the
 		// ack that the poison queue's handling causes.
-		if _, cerr := d.store.Claim(ctx, tx, d.permanentClaim(msg, id, pe)); cerr == nil {
-			outcome = OutcomeFailed
+		if _, cerr := d.store.Claim(ctx, tx, d.permanentClaim(msg, id, pe)); cerr != nil {
+			// Unrecorded, it must not reach the poison queue: nacked, the
+			// redelivery records it.
+			return nil, OutcomeRetry, fmt.Errorf("dedup: record the permanent failure %q: %w", pe.Error(), cerr)
 		}
+		outcome = OutcomeFailed
 	}
 	return nil, outcome, err
 }
