@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/internal/canonjson"
 )
 
@@ -49,6 +50,13 @@ var (
 	// surrogate escape, which would decode to U+FFFD and look like another
 	// event's ID.
 	ErrInvalidEventID = errors.New("webhook: event ID is not a valid key")
+
+	// ErrInvalidTenant: the tenant the request names cannot be an inbox
+	// scope: longer than 255 bytes, not UTF-8, containing a NUL byte, or
+	// read from a JSON body as a string that does not decode losslessly.
+	// Published, it would make the message poison downstream; it is
+	// refused with 400 instead.
+	ErrInvalidTenant = errors.New("webhook: tenant is not a valid scope")
 )
 
 // DefaultTolerance is how far a signed timestamp may be from now, either
@@ -115,16 +123,13 @@ type validator interface {
 	validate() error
 }
 
-// maxKeyBytes is the inbox's limit on a key.
-const maxKeyBytes = 255
-
 // checkEventID reports whether id can be an inbox key.
 func checkEventID(id string) error {
 	switch {
 	case id == "":
 		return ErrMissingEventID
-	case len(id) > maxKeyBytes:
-		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidEventID, len(id), maxKeyBytes)
+	case len(id) > inbox.MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidEventID, len(id), inbox.MaxKeyLen)
 	case !utf8.ValidString(id):
 		return fmt.Errorf("%w: not UTF-8", ErrInvalidEventID)
 	}
@@ -160,6 +165,34 @@ func jsonEventID(raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("%w: not a JSON string", ErrInvalidEventID)
 	}
 	return id, checkEventID(id)
+}
+
+// checkTenant checks that a tenant can be an inbox scope.
+func checkTenant(tenant string) error {
+	if err := inbox.CheckText(tenant, inbox.MaxScopeLen); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidTenant, err)
+	}
+	return nil
+}
+
+// jsonTenant reads an optional tenant string from a JSON body by the
+// same lossless rule as jsonEventID: "" for a missing field or null.
+func jsonTenant(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		return "", nil
+	case raw[0] != '"':
+		return "", fmt.Errorf("%w: not a JSON string", ErrInvalidTenant)
+	}
+	if _, err := canonjson.Canonicalize(raw, nil); err != nil {
+		return "", fmt.Errorf("%w: not a valid UTF-8 string (invalid bytes or a lone surrogate escape)", ErrInvalidTenant)
+	}
+	var tenant string
+	if err := json.Unmarshal(raw, &tenant); err != nil {
+		return "", fmt.Errorf("%w: not a JSON string", ErrInvalidTenant)
+	}
+	return tenant, checkTenant(tenant)
 }
 
 // anyMAC reports whether one of sigs is the MAC of the parts under one of

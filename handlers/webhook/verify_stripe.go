@@ -69,7 +69,7 @@ func (v *Stripe) Verify(r *http.Request, body []byte, now time.Time) (Event, err
 	var ev struct {
 		ID      json.RawMessage `json:"id"`
 		Type    string          `json:"type"`
-		Account string          `json:"account"`
+		Account json.RawMessage `json:"account"`
 	}
 	if err := json.Unmarshal(body, &ev); err != nil {
 		return Event{}, fmt.Errorf("%w: the body is not a Stripe event object", ErrMissingEventID)
@@ -78,7 +78,11 @@ func (v *Stripe) Verify(r *http.Request, body []byte, now time.Time) (Event, err
 	if err != nil {
 		return Event{}, fmt.Errorf("%w (body field id)", err)
 	}
-	return Event{ID: id, Type: ev.Type, Tenant: ev.Account, Provider: "stripe", Timestamp: ts}, nil
+	tenant, err := jsonTenant(ev.Account)
+	if err != nil {
+		return Event{}, fmt.Errorf("%w (body field account)", err)
+	}
+	return Event{ID: id, Type: ev.Type, Tenant: tenant, Provider: "stripe", Timestamp: ts}, nil
 }
 
 // parseStripeSignature splits "t=...,v1=...,v1=...,v0=..." into the

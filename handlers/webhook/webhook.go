@@ -10,6 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
 // Metadata the receiver sets on each message it publishes.
@@ -101,6 +103,9 @@ func (c ReceiverConfig) validate() error {
 	} else if v, ok := c.Verifier.(validator); ok {
 		errs = append(errs, v.validate())
 	}
+	if err := inbox.CheckText(c.Tenant, inbox.MaxScopeLen); err != nil {
+		errs = append(errs, fmt.Errorf("%w: Tenant %w", ErrInvalidConfig, err))
+	}
 	if c.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, c.MaxBodyBytes))
 	}
@@ -185,13 +190,16 @@ func (h *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = checkEventID(ev.ID) // a custom verifier's ID too must be a usable key
 	}
+	if err == nil && ev.Tenant != "" {
+		err = checkTenant(ev.Tenant) // and its tenant a usable scope
+	}
 	provider := h.cfg.Provider
 	if provider == "" {
 		provider = ev.Provider
 	}
 	if err != nil {
 		status := http.StatusUnauthorized
-		if errors.Is(err, ErrMissingEventID) || errors.Is(err, ErrInvalidEventID) {
+		if errors.Is(err, ErrMissingEventID) || errors.Is(err, ErrInvalidEventID) || errors.Is(err, ErrInvalidTenant) {
 			status = http.StatusBadRequest
 		}
 		h.reject(w, r, status, provider, err)

@@ -508,6 +508,55 @@ func TestStripeEventIDs(t *testing.T) {
 	}
 }
 
+// TestStripeAccounts: the account of a Stripe Connect event becomes the
+// tenant_id, part of the inbox identity downstream, so it follows the
+// same lossless rule as the ID; one that cannot be a scope is answered 400
+// and nothing is published, rather than published to become poison.
+func TestStripeAccounts(t *testing.T) {
+	t.Parallel()
+	body := func(account string) string {
+		return `{"id":"evt_1","object":"event","type":"charge.succeeded","account":` + account + `}`
+	}
+	for _, tc := range []struct {
+		name, account, want string
+		refused             bool
+	}{
+		{name: "plain", account: `"acct_1"`, want: "acct_1"},
+		{name: "null", account: `null`, want: ""},
+		{name: "lone surrogate", account: `"acct_\ud800"`, refused: true},
+		{name: "raw invalid byte", account: "\"acct_\xff\"", refused: true},
+		{name: "escaped NUL", account: `"acct_\u0000"`, refused: true},
+		{name: "256 bytes", account: `"` + strings.Repeat("a", 256) + `"`, refused: true},
+		{name: "a number", account: `12`, refused: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := body(tc.account)
+			headers := map[string]string{"Stripe-Signature": stripeSign("whsec_x", testNow, b)}
+			pub := &recordingPublisher{}
+			h := newReceiver(t, pub, webhook.ReceiverConfig{Verifier: webhook.StripeVerifier("whsec_x")})
+			code := serve(h, post(b, headers))
+			if tc.refused {
+				require.Equal(t, http.StatusBadRequest, code)
+				require.Empty(t, pub.published())
+				_, err := webhook.StripeVerifier("whsec_x").Verify(post(b, headers), []byte(b), testNow)
+				require.ErrorIs(t, err, webhook.ErrInvalidTenant)
+				return
+			}
+			require.Equal(t, http.StatusOK, code)
+			require.Len(t, pub.published(), 1)
+			require.Equal(t, tc.want, pub.published()[0].Metadata.Get(webhook.MetadataTenantID))
+		})
+	}
+}
+
+// A receiver's fallback tenant must be a scope too.
+func TestReceiverTenantIsChecked(t *testing.T) {
+	_, err := webhook.NewReceiver(&recordingPublisher{}, webhook.ReceiverConfig{Topic: "t",
+		Verifier: webhook.StripeVerifier("whsec_x"), Tenant: "acme\x00"})
+	require.ErrorIs(t, err, webhook.ErrInvalidConfig)
+}
+
 // TestHeaderEventIDs: an event ID read from a header must be an inbox key
 // too; one with a NUL byte, over 255 bytes or not UTF-8 is answered 400
 // and nothing is published. The requests are signed correctly, the
