@@ -192,10 +192,13 @@ func (c *cluster) chown(path string) error {
 
 // install writes the node's configuration and system tables.
 func (c *cluster) install(nd *node) error {
-	if err := os.MkdirAll(nd.data(), 0o755); err != nil {
-		return err
+	tmp := filepath.Join(nd.dir, "tmp")
+	for _, p := range []string{nd.data(), tmp} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
 	}
-	for _, p := range []string{nd.dir, nd.data()} {
+	for _, p := range []string{nd.dir, nd.data(), tmp} {
 		if err := c.chown(p); err != nil {
 			return err
 		}
@@ -210,6 +213,7 @@ port=%[2]d
 socket=%[3]s
 pid-file=%[4]s/mysqld.pid
 log-error=%[4]s/error.log
+tmpdir=%[4]s/tmp
 bind-address=127.0.0.1
 skip-name-resolve
 binlog_format=ROW
@@ -237,7 +241,7 @@ wsrep_sst_method=rsync
 		return err
 	}
 	args := []string{"--no-defaults", "--datadir=" + nd.data(), "--auth-root-authentication-method=normal",
-		"--skip-test-db"}
+		"--skip-test-db", "--tmpdir=" + tmp}
 	if c.uid >= 0 {
 		args = append(args, "--user=mysql")
 	}
