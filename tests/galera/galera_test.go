@@ -54,6 +54,7 @@ func TestGalera(t *testing.T) {
 	t.Run("CausalReads", func(t *testing.T) { testCausalReads(t, c) })
 	t.Run("ReserveFencing", func(t *testing.T) { testReserveFencing(t, c) })
 	t.Run("ConcurrentMigrate", func(t *testing.T) { testConcurrentMigrate(t, c) })
+	t.Run("Partitioned", func(t *testing.T) { testPartitioned(t, c) })
 	t.Run("NodeKilled", func(t *testing.T) { testNodeKilled(t, c) })
 }
 

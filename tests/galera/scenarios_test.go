@@ -618,3 +618,56 @@ func testCausalReads(t *testing.T, c *cluster) {
 		"with wsrep_sync_wait=1: %d", trials, stalePlain, staleSeen, staleCausal)
 	require.Zero(t, staleCausal, "wsrep_sync_wait=1 reads are causal")
 }
+
+// testPartitioned cuts node 3 off the cluster (gmcast.isolate), as a
+// network partition does: the node leaves the primary component and
+// refuses every statement until it rejoins. A delivery through it must
+// fail retryable, so that the message is redelivered, not treated as a
+// permanent failure.
+func testPartitioned(t *testing.T, c *cluster) {
+	tb := newTables(t, c, 3)
+	nd := c.nodes[2]
+	s, err := inbox.NewStore(c.open(t, 3), mysql.Dialect(), inbox.Config{Table: tb.inbox})
+	require.NoError(t, err)
+	defer s.Close()
+	key := dedup.KeyFromMetadata(deduptest.EventIDKey)
+	tx, err := dedup.New(s, dedup.Config{Key: key, Operation: "galera_partition"})
+	require.NoError(t, err)
+	rs, err := dedup.New(s, dedup.Config{Key: key, Operation: "galera_partition_reserve", Mode: dedup.Reserve{}})
+	require.NoError(t, err)
+	h := deduptest.NoPublish(func(*message.Message) error { return nil })
+
+	_, err = nd.admin.Exec("SET GLOBAL wsrep_provider_options = 'gmcast.isolate=1'")
+	require.NoError(t, err)
+	rejoined := false
+	defer func() {
+		if !rejoined {
+			_, _ = nd.admin.Exec("SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'")
+		}
+	}()
+	cut := time.Now()
+	require.Eventually(t, func() bool {
+		vals, err := nd.statusMap(context.Background(), "wsrep_cluster_status")
+		return err == nil && vals["wsrep_cluster_status"] != "Primary"
+	}, 30*time.Second, 50*time.Millisecond, "node 3 leaves the primary component")
+	t.Logf("node 3 isolated: non-primary after %v", time.Since(cut).Round(time.Millisecond))
+
+	_, txErr := tx.Middleware(h)(deduptest.NewMessage("evt-partition", `{}`))
+	_, rsErr := rs.Middleware(h)(deduptest.NewMessage("evt-partition", `{}`))
+	t.Logf("delivery through the non-primary node: transactional: %v; reserve: %v", txErr, rsErr)
+
+	_, err = nd.admin.Exec("SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'")
+	require.NoError(t, err)
+	rejoined = true
+	require.NoError(t, nd.waitSynced(60*time.Second), "node 3 rejoins")
+	require.Equal(t, "3", c.nodes[0].status(t, "wsrep_cluster_size"))
+
+	for name, err := range map[string]error{"transactional": txErr, "reserve": rsErr} {
+		require.Error(t, err, name)
+		require.True(t, inbox.IsRetryable(err), "%s: a node outside the primary component is transient (MySQL error %d): %v",
+			name, mysqlCode(err), err)
+	}
+	// Once back, the same delivery goes through.
+	_, err = tx.Middleware(h)(deduptest.NewMessage("evt-partition", `{}`))
+	require.NoError(t, err)
+}
