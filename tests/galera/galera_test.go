@@ -44,6 +44,9 @@ const syncWait = "wsrep_sync_wait=1"
 // TestGalera starts one cluster and runs every scenario on it, the node
 // kill last.
 func TestGalera(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Galera cluster (about a minute); not in -short mode")
+	}
 	c := startCluster(t)
 	t.Run("Conformance", func(t *testing.T) { testConformance(t, c) })
 	t.Run("TwoNodesTransactional", func(t *testing.T) { testTwoNodesTransactional(t, c) })
