@@ -35,6 +35,8 @@ func TestMySQLClassifiesARefusedPrepare(t *testing.T) {
 	dup := &mysqldriver.MySQLError{Number: 1062, Message: "Duplicate entry"}
 	require.Same(t, dup, d.Classify(dup), "other errors are left alone")
 	require.True(t, inbox.IsRetryable(d.Classify(&mysqldriver.MySQLError{Number: 1213})), "a deadlock is transient")
+	require.True(t, inbox.IsRetryable(d.Classify(&mysqldriver.MySQLError{Number: 1047})),
+		"a Galera node outside the primary component is transient")
 }
 
 // refusingConnector opens SQLite connections that refuse to prepare

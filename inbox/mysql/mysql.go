@@ -66,6 +66,7 @@ func (dialect) Classify(err error) error {
 		case 1213, // ER_LOCK_DEADLOCK (also Galera's certification failure)
 			1205, // ER_LOCK_WAIT_TIMEOUT
 			1020, // ER_CHECKREAD: record changed since last read
+			1047, // ER_UNKNOWN_COM_ERROR: a Galera node outside the primary component
 			1927, // ER_CONNECTION_KILLED (MariaDB)
 			1053, // ER_SERVER_SHUTDOWN
 			1040, // ER_CON_COUNT_ERROR
