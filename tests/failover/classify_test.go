@@ -33,13 +33,20 @@ func TestClassifyPgxClosedConnection(t *testing.T) {
 	require.NoError(t, conn.Close())
 	time.Sleep(200 * time.Millisecond) // the server has closed the socket
 
-	_, err = db.BeginTx(ctx, nil)
-	require.ErrorIs(t, err, pgconn.ErrConnClosed)
-	require.True(t, inbox.IsRetryable(postgres.Dialect().Classify(err)),
-		"postgres.Dialect().Classify(%v) is not transient", err)
+	_, berr := db.BeginTx(ctx, nil)
+	require.ErrorIs(t, berr, pgconn.ErrConnClosed)
+	require.True(t, inbox.IsRetryable(postgres.Dialect().Classify(berr)),
+		"postgres.Dialect().Classify(%v) is not transient", berr)
 	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{})
 	require.NoError(t, err)
-	require.True(t, inbox.IsRetryable(store.Classify(err)), "store.Classify(%v) is not transient", err)
+	require.True(t, inbox.IsRetryable(store.Classify(berr)), "store.Classify(%v) is not transient", berr)
+
+	// A done context is not made transient: no retry changes it.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, cerr := db.BeginTx(cctx, nil)
+	require.ErrorIs(t, cerr, context.Canceled)
+	require.False(t, inbox.IsRetryable(postgres.Dialect().Classify(cerr)), "%v", cerr)
 }
 
 // dyingServer accepts connections, completes PostgreSQL's startup handshake
