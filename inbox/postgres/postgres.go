@@ -9,6 +9,7 @@ package postgres
 
 import (
 	"context"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"io/fs"
@@ -60,6 +61,13 @@ type safeToRetrier interface{ SafeToRetry() bool }
 func (dialect) Classify(err error) error {
 	var se sqlStater
 	if !errors.As(err, &se) {
+		// database/sql's code for a connection the driver found broken: only
+		// a database driver returns it, so it is the database's error even
+		// when it comes back from a handler's statement (lib/pq, and pgx when
+		// it saw the socket close, on a transaction whose server died).
+		if errors.Is(err, driver.ErrBadConn) {
+			return inbox.Transient(err)
+		}
 		// Nothing was sent, so nothing happened: retrying is safe. A done
 		// context is pgx's reason too, and no retry will change it.
 		var sr safeToRetrier
