@@ -134,7 +134,7 @@ type result struct {
 	ackedLost         int // of those, the ones whose row is missing
 	reexecuted        int // events executed (and acked) more than once
 	failed            int // deliveries that returned an error
-	knownHandlerNet   int // of those, handler statements failed with a bare network error (not retryable)
+	knownHandlerNet   int // of those, handler statements failed with a bare network error or EOF (not retryable)
 	errClasses        map[string]*errClass
 	nonRetryable      []string
 	poisoned          int
@@ -158,7 +158,7 @@ func (r *result) log(t *testing.T) {
 	t.Logf("kills=1 at %d of %d messages produced, %d events acked, %d handlers in their transaction; promoted %v after the kill; first commit on the new primary %v after the kill; run %v",
 		r.producedAtKill, r.messages, r.killedAtProgress, r.inflightAtKill, r.down.Round(time.Millisecond),
 		r.firstWrite.Round(time.Millisecond), r.ran.Round(time.Millisecond))
-	t.Logf("failed deliveries (nacked, redelivered): %d, of which handler statements failed with a bare network error, not classified retryable: %d; acked after the promotion per consumer: %v",
+	t.Logf("failed deliveries (nacked, redelivered): %d, of which handler statements failed with a bare network error or EOF, not classified retryable: %d; acked after the promotion per consumer: %v",
 		r.failed, r.knownHandlerNet, r.ackedAfterPromote)
 	classes := make([]string, 0, len(r.errClasses))
 	for k := range r.errClasses {
@@ -186,7 +186,8 @@ type recorder struct {
 	execs                sync.Map // *message.Message -> token, set by the handler
 	stmtErrs             sync.Map // *message.Message -> the handler's failed statement's error
 	// knownHandlerNetErrs are handler statements failed with a bare network
-	// error: not retryable, see TestHandlerStatementConnectionLossIsRetryable.
+	// error or io.ErrUnexpectedEOF: not retryable, see
+	// TestHandlerStatementConnectionLossIsRetryable.
 	knownHandlerNetErrs int
 	inflight            atomic.Int64
 }
@@ -214,7 +215,7 @@ func (r *recorder) middleware(consumer int) message.HandlerMiddleware {
 				switch {
 				case dedup.IsRetryable(err):
 					c.retryable++
-				case inHandler && errors.As(stmtErr.(error), &oe):
+				case inHandler && (errors.As(stmtErr.(error), &oe) || errors.Is(stmtErr.(error), io.ErrUnexpectedEOF)):
 					// Known and reported by its own test; counted, not failed here.
 					r.knownHandlerNetErrs++
 				case len(r.nonRetry) < 20:

@@ -30,13 +30,13 @@ import (
 // Reset before the statement, both drivers return driver.ErrBadConn, which
 // postgres.Dialect().Classify makes transient; so does pgx here when the
 // reset comes during the statement. lib/pq then returns the bare
-// *net.OpError of the socket read (and pgx did too in the failover test),
-// which nothing in the error tells apart from a handler's own network
-// error: postgres/during-statement still fails. A fix belongs in the
-// middleware (dedup/transactional.go, inTx, where the handler's error goes
-// through Dialect().Classify): a handler error together with a lost
-// connection on the middleware's own transaction (its Rollback failing with
-// a transient connection error) is transient.
+// *net.OpError of the socket read (in the failover test pgx returned that,
+// or a bare io.ErrUnexpectedEOF, too), which nothing in the error tells
+// apart from a handler's own network error: postgres/during-statement still
+// fails. A fix belongs in the middleware (dedup/transactional.go, inTx,
+// where the handler's error goes through Dialect().Classify): a handler
+// error together with a lost connection on the middleware's own transaction
+// (its Rollback failing with a transient connection error) is transient.
 func TestHandlerStatementConnectionLossIsRetryable(t *testing.T) {
 	p := startPair(t, true)
 	for _, c := range []struct {
