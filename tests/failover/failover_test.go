@@ -43,6 +43,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	_ "github.com/lib/pq"              // registers "postgres"
 	"github.com/stretchr/testify/require"
@@ -250,6 +251,8 @@ func classify(err error) (string, string) {
 	switch {
 	case errors.As(err, &se):
 		return "SQLSTATE " + se.SQLState(), sample
+	case errors.Is(err, pgconn.ErrConnClosed):
+		return "pgconn.ErrConnClosed", sample
 	case errors.Is(err, driver.ErrBadConn):
 		return "driver.ErrBadConn", sample
 	case errors.Is(err, syscall.ECONNREFUSED):
