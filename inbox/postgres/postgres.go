@@ -8,6 +8,8 @@
 package postgres
 
 import (
+	"context"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"io/fs"
@@ -51,9 +53,28 @@ func (dialect) Queries(table string) inbox.Queries { return queries{t: table} }
 // sqlStater is implemented by the errors of lib/pq and pgx.
 type sqlStater interface{ SQLState() string }
 
+// safeToRetrier is implemented by pgx's errors (pgconn.SafeToRetry): true
+// when the request never reached the server, as when a pooled connection's
+// server died and pgx has already closed it ("conn closed").
+type safeToRetrier interface{ SafeToRetry() bool }
+
 func (dialect) Classify(err error) error {
 	var se sqlStater
 	if !errors.As(err, &se) {
+		// database/sql's code for a connection the driver found broken: only
+		// a database driver returns it, so it is the database's error even
+		// when it comes back from a handler's statement (lib/pq, and pgx when
+		// it saw the socket close, on a transaction whose server died).
+		if errors.Is(err, driver.ErrBadConn) {
+			return inbox.Transient(err)
+		}
+		// Nothing was sent, so nothing happened: retrying is safe. A done
+		// context is pgx's reason too, and no retry will change it.
+		var sr safeToRetrier
+		if errors.As(err, &sr) && sr.SafeToRetry() &&
+			!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			return inbox.Transient(err)
+		}
 		return err
 	}
 	switch code := se.SQLState(); {
