@@ -290,7 +290,22 @@ func (l *Lease) transition(ctx context.Context, what string, to Status, p *param
 	}
 	l.dropped = storableOutcome(p)
 	err := s.finish(ctx, s.db, what, l.rec.ID, p)
-	if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotFound) {
+	if IsRetryable(err) {
+		// A lost connection, a deadlock, a Galera certification conflict:
+		// the same outcome once more before anything is given up. If the
+		// first write committed although its answer was lost, the record
+		// shows it.
+		retry := *p
+		if err = s.finish(ctx, s.db, what, l.rec.ID, &retry); errors.Is(err, ErrLeaseLost) && l.wrote(ctx, to) {
+			err = nil
+		}
+	}
+	if err != nil && (!IsRetryable(err) || len(p.result) >= largeResult) &&
+		!errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotFound) {
+		// Refused, not merely failed: leaving it would refuse it again at
+		// every attempt. A large result counts as refused after two
+		// failures even when they looked transient: MySQL answers a
+		// statement over max_allowed_packet by closing the connection.
 		bare := *p
 		bare.result, bare.resourceID, bare.externalRef = nil, "", ""
 		bare.errS = StorableText("outcome not storable, recorded without it: "+err.Error(), MaxErrorLen)
@@ -310,6 +325,11 @@ func (l *Lease) transition(ctx context.Context, what string, to Status, p *param
 	l.ended = true
 	return nil
 }
+
+// largeResult is the size from which a result that failed twice to be
+// stored is taken for refused (MySQL's max_allowed_packet is 16 MiB by
+// default, and can be as small as 1 MiB).
+const largeResult = 1 << 20
 
 // wrote reports whether the record now shows the transition to status to
 // at the handle's attempt: a write whose answer was lost.
