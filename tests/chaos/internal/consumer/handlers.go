@@ -26,8 +26,9 @@ import (
 // effectHandler writes the event's effect, one row, in the middleware's
 // transaction (its own, or the SQL queue's consuming one). The table has
 // no unique constraint: an effect that happened twice is a second row.
-func effectHandler(table, name string, ks *killSwitch) message.NoPublishHandlerFunc {
-	insert := `INSERT INTO ` + table + ` (event_id, amount, consumer) VALUES ($1, $2, $3)`
+func effectHandler(table, name string, placeholder func(int) string, ks *killSwitch) message.NoPublishHandlerFunc {
+	insert := `INSERT INTO ` + table + ` (event_id, amount, consumer) VALUES (` + placeholder(1) + `, ` +
+		placeholder(2) + `, ` + placeholder(3) + `)`
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, ok := dedup.TxFromContext(ctx)

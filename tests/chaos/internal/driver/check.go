@@ -110,7 +110,7 @@ func (m *modeRun) checkEffects(ctx context.Context) error {
 			rows = append(rows, row{c.EventID, c.Amount, 1})
 		}
 	} else {
-		q, err := m.r.db.QueryContext(ctx, `SELECT event_id, amount, count(*) FROM `+m.effectsTable+` GROUP BY event_id, amount`)
+		q, err := m.db.db.QueryContext(ctx, `SELECT event_id, amount, count(*) FROM `+m.effectsTable+` GROUP BY event_id, amount`)
 		if err != nil {
 			return err
 		}
@@ -152,7 +152,7 @@ func (m *modeRun) checkEffects(ctx context.Context) error {
 
 func (m *modeRun) checkInbox(ctx context.Context) error {
 	res := &m.res
-	q, err := m.r.db.QueryContext(ctx, `SELECT status, count(*), count(*) FILTER (WHERE attempt > 1) FROM `+
+	q, err := m.db.db.QueryContext(ctx, `SELECT status, count(*), count(CASE WHEN attempt > 1 THEN 1 END) FROM `+
 		m.inboxTable+` GROUP BY status`)
 	if err != nil {
 		return err
@@ -205,26 +205,26 @@ func (m *modeRun) checkPoison(ctx context.Context) error {
 func (m *modeRun) report() {
 	res := m.res
 	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d took=%v",
-		m.mode, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,
+		m.label, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,
 		m.kills(), time.Since(m.started).Round(100*time.Millisecond))
 	replay := fmt.Sprintf("a second consumer group from the oldest offset (%d consumers, started halfway)", m.replaySlots())
 	if !m.isKafka() {
 		replay = fmt.Sprintf("%d acked messages marked unacked halfway", m.replayed)
 	}
 	m.r.printf("  %s: stream: %d first deliveries, %d producer retries, %d republished later, %d conflicting; replay: %s",
-		m.mode, res.byKind[kindOriginal], res.byKind[kindRetry], res.byKind[kindLater], res.byKind[kindConflict], replay)
+		m.label, res.byKind[kindOriginal], res.byKind[kindRetry], res.byKind[kindLater], res.byKind[kindConflict], replay)
 	var self []string
 	for _, p := range wire.Points {
 		self = append(self, fmt.Sprintf("%s=%d", p, m.selfKills[p]))
 	}
 	m.r.printf("  %s: faults: SIGKILL by the driver %d, by the consumer itself %s; db connection kills %d (%d connections); graceful restarts %d; %d consumer processes in all",
-		m.mode, m.driverKills, strings.Join(self, " "), m.dbKills, m.dbConns, m.restarts, len(m.all))
+		m.label, m.driverKills, strings.Join(self, " "), m.dbKills, m.dbConns, m.restarts, len(m.all))
 	m.r.printf("  %s: deliveries (as last reported by each process): %s; poison messages %d; inbox records %d (%d at attempt > 1)",
-		m.mode, res.stats, res.poisonMessages, res.records, res.retried)
+		m.label, res.stats, res.poisonMessages, res.records, res.retried)
 	if m.prov != nil {
 		f := res.faults
 		m.r.printf("  %s: provider: charges=%d double_charges=%d; unavailable=%d slow_before_charging=%d slow_after_charging=%d hung_up_after_charging=%d refused_late=%d lookup_failures=%d",
-			m.mode, res.effects, res.doubleCharged, f.unavailable, f.slowBefore, f.slowAfter, f.hangups, f.late, f.lookupFailures)
+			m.label, res.effects, res.doubleCharged, f.unavailable, f.slowBefore, f.slowAfter, f.hangups, f.late, f.lookupFailures)
 	}
 }
 

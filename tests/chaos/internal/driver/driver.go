@@ -16,7 +16,6 @@ package driver
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -33,8 +32,12 @@ import (
 )
 
 // DefaultDSN is the PostgreSQL the suite uses unless INBOXMILL_POSTGRES_DSN
-// or -dsn says otherwise.
-const DefaultDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+// or -dsn says otherwise; DefaultMySQLDSN the MySQL/MariaDB unless
+// INBOXMILL_MYSQL_DSN or -mysql-dsn says otherwise.
+const (
+	DefaultDSN      = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/test?parseTime=true"
+)
 
 // Config is one run. Counts of consumers and faults are per mode.
 type Config struct {
@@ -62,10 +65,14 @@ type Config struct {
 	DieAfter      [2]int
 	// Modes to run; nil runs all.
 	Modes []string
+	// Databases to run every mode on; nil runs all (wire.Databases). The
+	// events are split evenly between the databases.
+	Databases []string
 	// Parallel runs the modes at the same time instead of one by one.
 	Parallel bool
-	// DSN is the PostgreSQL of the inbox and the business tables.
-	DSN string
+	// DSN is the PostgreSQL of the inbox and the business tables; MySQLDSN
+	// the MySQL/MariaDB (go-sql-driver/mysql form, parseTime=true).
+	DSN, MySQLDSN string
 	// Deadline bounds the whole run; Stall fails a mode that makes no
 	// progress for that long.
 	Deadline, Stall time.Duration
@@ -121,6 +128,14 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("unknown mode %q (want %s)", m, strings.Join(wire.Modes, ", ")))
 		}
 	}
+	for _, d := range c.Databases {
+		if !wire.ValidDatabase(d) {
+			errs = append(errs, fmt.Errorf("unknown database %q (want %s)", d, strings.Join(wire.Databases, ", ")))
+		}
+		if d == wire.MySQL && c.MySQLDSN == "" {
+			errs = append(errs, errors.New("the MySQL DSN is required to run on mysql"))
+		}
+	}
 	if c.DSN == "" || c.Command == nil || c.Out == nil {
 		errs = append(errs, errors.New("DSN, Command and Out are required"))
 	}
@@ -150,7 +165,7 @@ var (
 type runner struct {
 	cfg     Config
 	id      string
-	db      *sql.DB
+	dbs     map[string]*database
 	brokers []string
 	procs   *procSet
 	logDir  string
@@ -180,12 +195,16 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 	if len(modes) == 0 {
 		modes = wire.Modes
 	}
-	r := &runner{cfg: cfg, procs: newProcSet()}
+	dbKinds := cfg.Databases
+	if len(dbKinds) == 0 {
+		dbKinds = wire.Databases
+	}
+	r := &runner{cfg: cfg, procs: newProcSet(), dbs: map[string]*database{}}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	r.id = hex.EncodeToString(b[:])
-	r.printf("chaos: seed=%d run=%s modes=%s events=%d consumers=%d/mode kills=%d/mode db_kills=%d/mode restarts=%d/mode parallel=%t",
-		cfg.Seed, r.id, strings.Join(modes, ","), cfg.Events, cfg.Consumers, cfg.Kills, cfg.DBKills, cfg.Restarts, cfg.Parallel)
+	r.printf("chaos: seed=%d run=%s databases=%s modes=%s events=%d consumers=%d/mode kills=%d/mode db_kills=%d/mode restarts=%d/mode parallel=%t",
+		cfg.Seed, r.id, strings.Join(dbKinds, ","), strings.Join(modes, ","), cfg.Events, cfg.Consumers, cfg.Kills, cfg.DBKills, cfg.Restarts, cfg.Parallel)
 
 	ctx, cancel := context.WithTimeoutCause(ctx, cfg.Deadline, errDeadline)
 	defer cancel()
@@ -209,28 +228,29 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		return tot, err
 	}
 
-	dsn, err := wire.WithApplicationName(cfg.DSN, "imc_"+r.id+"_driver")
-	if err != nil {
-		return failed("%v", err)
-	}
-	if r.db, err = sql.Open("pgx", dsn); err != nil {
-		return failed("%v", err)
-	}
-	defer r.db.Close()
-	r.db.SetMaxOpenConns(8)
-	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
-	err = r.db.PingContext(pctx)
-	pcancel()
-	if err != nil {
-		return failed("PostgreSQL at %s is unreachable (set INBOXMILL_POSTGRES_DSN or -dsn): %v", cfg.DSN, err)
+	for _, kind := range dbKinds {
+		dsn := cfg.DSN
+		if kind == wire.MySQL {
+			dsn = cfg.MySQLDSN
+		}
+		d, err := openDatabase(ctx, kind, dsn, "imc_"+r.id+"_driver")
+		if err != nil {
+			return failed("%s at %s is unreachable (set INBOXMILL_POSTGRES_DSN / INBOXMILL_MYSQL_DSN, or -dsn / -mysql-dsn): %v",
+				kind, dsn, err)
+		}
+		defer d.db.Close()
+		r.dbs[kind] = d
 	}
 
 	runs := make([]*modeRun, 0, len(modes))
 	var topics []string
-	for _, m := range modes {
-		mr := newModeRun(r, m, int(float64(cfg.Events)*modeShare[m]/totalShare(modes)))
-		runs = append(runs, mr)
-		topics = append(topics, mr.kafkaTopics()...)
+	for _, kind := range dbKinds {
+		for _, m := range modes {
+			n := int(float64(cfg.Events) * modeShare[m] / totalShare(modes) / float64(len(dbKinds)))
+			mr := newModeRun(r, r.dbs[kind], m, n)
+			runs = append(runs, mr)
+			topics = append(topics, mr.kafkaTopics()...)
+		}
 	}
 	broker, err := r.startBroker(ctx, topics)
 	if err != nil {
@@ -266,7 +286,7 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		tot.ConflictsRouted += res.conflictsRouted
 		tot.Kills += mr.kills()
 		for _, f := range mr.failures {
-			failures = append(failures, mr.mode+": "+f)
+			failures = append(failures, mr.label+": "+f)
 		}
 	}
 	if len(failures) > 0 {

@@ -37,6 +37,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		restarts  = fs.Int("restarts", 0, "graceful restarts per mode (full: 3)")
 		selfKill  = fs.Float64("self-kill-share", 0, "share of consumer starts told to kill themselves at a point (0.5)")
 		modes     = fs.String("modes", "", "comma-separated modes (default: "+strings.Join(wire.Modes, ",")+")")
+		databases = fs.String("databases", "", "comma-separated databases to run every mode on (default: "+strings.Join(wire.Databases, ",")+")")
+		mysqlDSN  = fs.String("mysql-dsn", "", "MySQL/MariaDB DSN (default: $INBOXMILL_MYSQL_DSN or "+DefaultMySQLDSN+")")
 		parallel  = fs.Bool("parallel", false, "run the modes at the same time (default with --quick)")
 		dsn       = fs.String("dsn", "", "PostgreSQL DSN (default: $INBOXMILL_POSTGRES_DSN or "+DefaultDSN+")")
 		deadline  = fs.Duration("deadline", 0, "fail when the run takes longer (quick: 150s, full: 45m)")
@@ -75,8 +77,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		"kills": func() { cfg.Kills = *kills }, "db-kills": func() { cfg.DBKills = *dbKills },
 		"restarts": func() { cfg.Restarts = *restarts }, "self-kill-share": func() { cfg.SelfKillShare = *selfKill },
 		"parallel": func() { cfg.Parallel = *parallel }, "deadline": func() { cfg.Deadline = *deadline },
-		"stall": func() { cfg.Stall = *stall },
-		"modes": func() { cfg.Modes = strings.Split(*modes, ",") },
+		"stall":     func() { cfg.Stall = *stall },
+		"modes":     func() { cfg.Modes = strings.Split(*modes, ",") },
+		"databases": func() { cfg.Databases = strings.Split(*databases, ",") },
 	}
 	for name, f := range override {
 		if set[name] {
@@ -89,6 +92,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if cfg.DSN == "" {
 		cfg.DSN = DefaultDSN
+	}
+	cfg.MySQLDSN = *mysqlDSN
+	if cfg.MySQLDSN == "" {
+		cfg.MySQLDSN = os.Getenv("INBOXMILL_MYSQL_DSN")
+	}
+	if cfg.MySQLDSN == "" {
+		cfg.MySQLDSN = DefaultMySQLDSN
 	}
 	cfg.Keep, cfg.Verbose, cfg.LogDir, cfg.Out = *keep, *verbose, *logDir, stdout
 

@@ -13,7 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
 )
 
@@ -48,7 +47,9 @@ type slot struct {
 // fault plan and tallies.
 type modeRun struct {
 	r      *runner
+	db     *database
 	mode   string
+	label  string // database/mode
 	short  string
 	rng    *rand.Rand
 	events int
@@ -67,6 +68,7 @@ type modeRun struct {
 	arms     []string
 	stopping bool
 
+	idx                  int // the mode's and the database's number, for seeds
 	nextChunk, published int
 	done                 int // effects so far, the measure of progress
 
@@ -78,11 +80,15 @@ type modeRun struct {
 	res                                               result
 }
 
-var shortNames = map[string]string{wire.KafkaTx: "ktx", wire.KafkaReserve: "krs", wire.SQLQueue: "sqq"}
+var (
+	shortNames   = map[string]string{wire.KafkaTx: "ktx", wire.KafkaReserve: "krs", wire.SQLQueue: "sqq"}
+	shortDBNames = map[string]string{wire.Postgres: "pg", wire.MySQL: "my"}
+)
 
-func newModeRun(r *runner, mode string, events int) *modeRun {
-	idx := slices.Index(wire.Modes, mode)
-	m := &modeRun{r: r, mode: mode, short: shortNames[mode], events: events, selfKills: map[string]int{},
+func newModeRun(r *runner, db *database, mode string, events int) *modeRun {
+	idx := slices.Index(wire.Databases, db.kind)*len(wire.Modes) + slices.Index(wire.Modes, mode)
+	m := &modeRun{r: r, db: db, mode: mode, label: db.kind + "/" + mode, short: shortDBNames[db.kind] + shortNames[mode],
+		events: events, selfKills: map[string]int{}, idx: idx,
 		rng: rand.New(rand.NewPCG(r.cfg.Seed, uint64(idx)+1))}
 	prefix := "imc_" + r.id + "_" + m.short
 	m.inboxTable = prefix + "_inbox"
@@ -107,7 +113,7 @@ func (m *modeRun) kafkaTopics() []string {
 func (m *modeRun) fail(format string, a ...any) {
 	msg := fmt.Sprintf(format, a...)
 	m.failures = append(m.failures, msg)
-	m.r.printf("chaos: %s: FAIL: %s", m.mode, msg)
+	m.r.printf("chaos: %s: FAIL: %s", m.label, msg)
 }
 
 func (m *modeRun) kills() int {
@@ -186,8 +192,8 @@ func (m *modeRun) planFaults() {
 }
 
 func (m *modeRun) setup(ctx context.Context) error {
-	db := m.r.db
-	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: m.inboxTable})
+	db := m.db.db
+	store, err := inbox.NewStore(db, m.db.dialect(), inbox.Config{Table: m.inboxTable})
 	if err != nil {
 		return err
 	}
@@ -195,10 +201,7 @@ func (m *modeRun) setup(ctx context.Context) error {
 		return fmt.Errorf("migrate the inbox: %w", err)
 	}
 	if m.mode != wire.KafkaReserve {
-		// No unique constraint on purpose: an effect that happened twice is
-		// a second row.
-		if _, err := db.ExecContext(ctx, `CREATE TABLE `+m.effectsTable+` (event_id text NOT NULL,
-			amount integer NOT NULL, consumer text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		if _, err := db.ExecContext(ctx, m.db.effectsDDL(m.effectsTable)); err != nil {
 			return err
 		}
 	}
@@ -211,9 +214,9 @@ func (m *modeRun) setup(ctx context.Context) error {
 			return err
 		}
 	case wire.SQLQueue:
-		schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
+		schema, offsets := m.db.queueSchema()
 		sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
-			SchemaAdapter: schema, OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{}}, watermill.NopLogger{})
+			SchemaAdapter: schema, OffsetsAdapter: offsets}, watermill.NopLogger{})
 		if err != nil {
 			return err
 		}
@@ -221,12 +224,7 @@ func (m *modeRun) setup(ctx context.Context) error {
 			return fmt.Errorf("create the queue table: %w", err)
 		}
 		_ = sub.Close()
-		// The queue fetches `WHERE acked = false ORDER BY "offset" LIMIT 1`
-		// and its schema indexes only "offset": every fetch walks past all
-		// the acked rows, and a queue of 30,000 messages slows to a few
-		// dozen a second. A partial index keeps a fetch constant.
-		if _, err := db.ExecContext(ctx, `CREATE INDEX `+m.queueTopic+`_unacked ON "watermill_`+m.queueTopic+
-			`" ("offset") WHERE NOT acked`); err != nil {
+		if _, err := db.ExecContext(ctx, m.db.queueIndex(m.queueTable(), m.queueTopic+"_unacked")); err != nil {
 			return fmt.Errorf("index the queue table: %w", err)
 		}
 		if m.queue, err = wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema},
@@ -245,14 +243,14 @@ func (m *modeRun) teardown() {
 		m.kafka.close()
 	}
 	if m.r.cfg.Keep {
-		m.r.printf("chaos: %s: kept tables %s", m.mode, strings.Join(m.tables(), ", "))
+		m.r.printf("chaos: %s: kept tables %s", m.label, strings.Join(m.tables(), ", "))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, t := range m.tables() {
-		if _, err := m.r.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
-			m.r.printf("chaos: %s: drop %s: %v", m.mode, t, err)
+		if _, err := m.db.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
+			m.r.printf("chaos: %s: drop %s: %v", m.label, t, err)
 		}
 	}
 }
@@ -264,10 +262,13 @@ func (m *modeRun) tables() []string {
 		t = append(t, m.effectsTable)
 	}
 	if m.mode == wire.SQLQueue {
-		t = append(t, `"watermill_`+m.queueTopic+`"`)
+		t = append(t, m.queueTable())
 	}
 	return t
 }
+
+// queueTable is the SQL queue's table, quoted.
+func (m *modeRun) queueTable() string { return m.db.quote("watermill_" + m.queueTopic) }
 
 // loop publishes, injects the planned faults and keeps the consumers
 // running until everything published is consumed by every group.
@@ -294,7 +295,7 @@ func (m *modeRun) loop(ctx context.Context) {
 		case <-tick.C:
 		}
 		if err := m.measure(ctx); err != nil && ctx.Err() == nil {
-			m.r.printf("chaos: %s: measuring progress: %v", m.mode, err)
+			m.r.printf("chaos: %s: measuring progress: %v", m.label, err)
 		}
 		if err := m.publish(ctx); err != nil && ctx.Err() == nil {
 			m.fail("publish: %v", err)
@@ -308,7 +309,7 @@ func (m *modeRun) loop(ctx context.Context) {
 			drained, n, err := m.drained(ctx)
 			behind = n
 			if err != nil && ctx.Err() == nil {
-				m.r.printf("chaos: %s: checking the consumers' progress: %v", m.mode, err)
+				m.r.printf("chaos: %s: checking the consumers' progress: %v", m.label, err)
 			}
 			if drained {
 				return
@@ -349,7 +350,7 @@ func (m *modeRun) measure(ctx context.Context) error {
 	}
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return m.r.db.QueryRowContext(qctx, `SELECT count(*) FROM `+m.effectsTable).Scan(&m.done)
+	return m.db.db.QueryRowContext(qctx, `SELECT count(*) FROM `+m.effectsTable).Scan(&m.done)
 }
 
 // publish publishes the next chunks while the consumers keep up: at most
@@ -441,9 +442,9 @@ func (m *modeRun) inject(ctx context.Context, kind actKind) bool {
 			targets = live // every consumer of the mode at once
 		}
 		for _, s := range targets {
-			n, err := m.terminateBackends(ctx, s.app)
+			n, err := m.db.cutConnections(ctx, s.app, s.cur)
 			if err != nil {
-				m.r.printf("chaos: %s: pg_terminate_backend for %s: %v", m.mode, s.app, err)
+				m.r.printf("chaos: %s: cutting the connections of %s: %v", m.label, s.app, err)
 			}
 			m.dbConns += n
 		}
@@ -458,40 +459,14 @@ func (m *modeRun) inject(ctx context.Context, kind actKind) bool {
 	case actReset:
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		table := `"watermill_` + m.queueTopic + `"`
-		res, err := m.r.db.ExecContext(qctx, `UPDATE `+table+` SET acked = false WHERE acked AND "offset" <=
-			(SELECT max("offset") / 2 FROM `+table+` WHERE acked)`)
+		n, err := m.db.resetQueue(qctx, m.queueTable())
 		if err != nil {
-			m.r.printf("chaos: %s: offset reset: %v", m.mode, err)
+			m.r.printf("chaos: %s: offset reset: %v", m.label, err)
 			return ctx.Err() != nil
 		}
-		n, _ := res.RowsAffected()
 		m.replayed = int(n)
 	}
 	return true
-}
-
-// terminateBackends ends every database connection of one consumer, as a
-// failover or an operator would.
-func (m *modeRun) terminateBackends(ctx context.Context, app string) (int, error) {
-	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	rows, err := m.r.db.QueryContext(qctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	n := 0
-	for rows.Next() {
-		var ok bool
-		if err := rows.Scan(&ok); err != nil {
-			return n, err
-		}
-		if ok {
-			n++
-		}
-	}
-	return n, rows.Err()
 }
 
 // startConsumer starts the slot's next process; some are told to kill
@@ -499,12 +474,12 @@ func (m *modeRun) terminateBackends(ctx context.Context, app string) (int, error
 func (m *modeRun) startConsumer(s *slot) {
 	cfg := m.r.cfg
 	s.incarnation++
-	name := fmt.Sprintf("%s/c%d#%d", m.mode, s.idx, s.incarnation)
+	name := fmt.Sprintf("%s/c%d#%d", m.label, s.idx, s.incarnation)
 	pool := 4
 	if m.mode == wire.SQLQueue {
 		pool = 3
 	}
-	args := []string{"-mode", m.mode, "-dsn", cfg.DSN, "-app", s.app, "-name", fmt.Sprintf("c%d.%d", s.idx, s.incarnation),
+	args := []string{"-mode", m.mode, "-db", m.db.kind, "-dsn", m.db.dsn, "-app", s.app, "-name", fmt.Sprintf("c%d.%d", s.idx, s.incarnation),
 		"-brokers", strings.Join(m.r.brokers, ","), "-poison-topic", m.poisonTopic, "-inbox-table", m.inboxTable,
 		"-pool", fmt.Sprint(pool), "-lifeline"}
 	switch m.mode {
@@ -519,7 +494,7 @@ func (m *modeRun) startConsumer(s *slot) {
 	// that the same process of the same run is told the same whatever the
 	// timing: "c2's third process dies at mid-handler after 37 deliveries".
 	var armed string
-	arm := rand.New(rand.NewPCG(cfg.Seed, uint64(slices.Index(wire.Modes, m.mode))<<40|uint64(s.idx)<<20|uint64(s.incarnation)))
+	arm := rand.New(rand.NewPCG(cfg.Seed, uint64(m.idx)<<40|uint64(s.idx)<<20|uint64(s.incarnation)))
 	if arm.Float64() < cfg.SelfKillShare {
 		point := m.arms[(s.idx+s.incarnation)%len(m.arms)]
 		after := cfg.DieAfter[0] + arm.IntN(cfg.DieAfter[1]-cfg.DieAfter[0]+1)
@@ -581,7 +556,7 @@ func (m *modeRun) drained(ctx context.Context) (bool, int64, error) {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		var n int64
-		err := m.r.db.QueryRowContext(qctx, `SELECT count(*) FROM "watermill_`+m.queueTopic+`" WHERE NOT acked`).Scan(&n)
+		err := m.db.db.QueryRowContext(qctx, `SELECT count(*) FROM `+m.queueTable()+` WHERE NOT acked`).Scan(&n)
 		return err == nil && n == 0, n, err
 	}
 	var total int64

@@ -184,3 +184,40 @@ func WithApplicationName(dsn, name string) (string, error) {
 	}
 	return strings.TrimSpace(dsn) + " application_name=" + name, nil
 }
+
+// Databases: where the inbox, the business table and the SQL queue live.
+const (
+	// Postgres: PostgreSQL through pgx; the driver cuts a consumer's
+	// connections with pg_terminate_backend by application_name.
+	Postgres = "postgres"
+	// MySQL: MySQL or MariaDB through go-sql-driver/mysql; the driver cuts a
+	// consumer's connections with KILL by the connection IDs the consumer
+	// reports (LineConn), since MariaDB shows connection attributes only with
+	// performance_schema, which is off by default.
+	MySQL = "mysql"
+)
+
+// Databases lists every database, in the order the driver runs them.
+var Databases = []string{Postgres, MySQL}
+
+// ValidDatabase reports whether d is one of Databases.
+func ValidDatabase(d string) bool {
+	for _, e := range Databases {
+		if d == e {
+			return true
+		}
+	}
+	return false
+}
+
+// SQLDriver is the database/sql driver name of a database.
+func SQLDriver(db string) string {
+	if db == MySQL {
+		return "mysql"
+	}
+	return "pgx"
+}
+
+// LineConn is followed by the server's ID of a database connection the
+// consumer just opened (MySQL: CONNECTION_ID()).
+const LineConn = "CONN"
