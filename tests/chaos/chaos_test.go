@@ -1,6 +1,7 @@
 // Package chaos_test runs the fault-injection suite (scripts/chaos.sh) in a
 // smoke configuration: a few hundred events, two consumer processes per
-// mode, a kill, a database connection cut and a restart each. The test
+// mode, a kill, a database connection cut and a restart each, and one
+// broker restart. The test
 // binary plays every part: it re-executes itself as the broker and the
 // consumers, so under -race the consumers are checked for data races too.
 package chaos_test
@@ -38,7 +39,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-var chaosLine = regexp.MustCompile(`^CHAOS events=(\d+) effects=(\d+) duplicated_effects=0 lost=0 conflicts_routed=(\d+) kills=(\d+) seed=7$`)
+var chaosLine = regexp.MustCompile(`^CHAOS events=(\d+) effects=(\d+) duplicated_effects=0 lost=0 conflicts_routed=(\d+) kills=(\d+) db_cuts=(\d+) broker_restarts=1 seed=7$`)
 
 func TestSmoke(t *testing.T) {
 	// Each skips, or fails with CI set, when its database does not answer.
@@ -49,7 +50,7 @@ func TestSmoke(t *testing.T) {
 	logs := t.TempDir()
 	var out syncBuffer
 	cfg := driver.Config{
-		Seed: 7, Events: 240, Consumers: 2, Kills: 1, DBKills: 1, Restarts: 1,
+		Seed: 7, Events: 240, Consumers: 2, Kills: 1, DBKills: 1, Restarts: 1, BrokerRestarts: 1,
 		SelfKillShare: 0.4, DieAfter: [2]int{5, 25}, Parallel: true,
 		DSN: testdb.PostgresDSN(), MySQLDSN: testdb.MySQLDSN(), Deadline: 50 * time.Second, Stall: 30 * time.Second,
 		LogDir: logs, Out: &out,

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
+
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
 )
 
@@ -177,7 +179,18 @@ func (m *modeRun) checkInbox(ctx context.Context) error {
 
 func (m *modeRun) checkPoison(ctx context.Context) error {
 	res := &m.res
-	msgs, err := m.kafka.readAll(ctx, m.poisonTopic)
+	// Another mode may restart the broker while this one reads: try again.
+	var (
+		msgs []*sarama.ConsumerMessage
+		err  error
+	)
+	for attempt := 1; ; attempt++ {
+		if msgs, err = m.kafka.readAll(ctx, m.poisonTopic); err == nil || attempt == 10 || ctx.Err() != nil {
+			break
+		}
+		m.r.printf("chaos: %s: reading the poison topic (attempt %d): %v", m.label, attempt, err)
+		time.Sleep(time.Second)
+	}
 	if err != nil {
 		return err
 	}
@@ -219,6 +232,9 @@ func (m *modeRun) report() {
 	}
 	m.r.printf("  %s: faults: SIGKILL by the driver %d, by the consumer itself %s; db connection kills %d (%d connections); graceful restarts %d; %d consumer processes in all",
 		m.label, m.driverKills, strings.Join(self, " "), m.dbKills, m.dbConns, m.restarts, len(m.all))
+	if len(m.brokerDone) > 0 {
+		m.r.printf("  %s: broker restarts %d (down %v)", m.label, len(m.brokerDone), m.brokerDone)
+	}
 	m.r.printf("  %s: deliveries (as last reported by each process): %s; poison messages %d; inbox records %d (%d at attempt > 1)",
 		m.label, res.stats, res.poisonMessages, res.records, res.retried)
 	if m.prov != nil {

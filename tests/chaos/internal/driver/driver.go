@@ -20,8 +20,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -59,6 +61,10 @@ type Config struct {
 	// Restarts is the number of graceful restarts (SIGTERM, then a new
 	// process) per mode.
 	Restarts int
+	// BrokerRestarts is the number of times in the whole run the broker
+	// process is stopped and a new one started on the same port and data
+	// directory (kfake.DataDir), spread over the modes.
+	BrokerRestarts int
 	// SelfKillShare is the share of consumer starts told to kill themselves
 	// at a kill point after DieAfter[0] to DieAfter[1] deliveries reach it.
 	SelfKillShare float64
@@ -94,14 +100,14 @@ type Config struct {
 // events, three consumers per mode, modes in parallel, done well within
 // three minutes on two cores.
 func Quick() Config {
-	return Config{Events: 3000, Consumers: 3, Kills: 4, DBKills: 2, Restarts: 1, SelfKillShare: 0.5,
+	return Config{Events: 3000, Consumers: 3, Kills: 4, DBKills: 2, Restarts: 1, BrokerRestarts: 1, SelfKillShare: 0.5,
 		DieAfter: [2]int{5, 60}, Parallel: true, Deadline: 150 * time.Second, Stall: 60 * time.Second}
 }
 
 // Full is the default configuration: 100,000 events, eight consumers per
 // mode, 20 SIGKILLs per mode from the driver plus the consumers' own.
 func Full() Config {
-	return Config{Events: 100_000, Consumers: 8, Kills: 20, DBKills: 6, Restarts: 3, SelfKillShare: 0.5,
+	return Config{Events: 100_000, Consumers: 8, Kills: 20, DBKills: 6, Restarts: 3, BrokerRestarts: 6, SelfKillShare: 0.5,
 		DieAfter: [2]int{20, 600}, Deadline: 45 * time.Minute, Stall: 3 * time.Minute}
 }
 
@@ -116,7 +122,7 @@ func (c Config) validate() error {
 	if c.Consumers < 1 {
 		errs = append(errs, fmt.Errorf("consumers %d: want at least 1", c.Consumers))
 	}
-	if c.Kills < 0 || c.DBKills < 0 || c.Restarts < 0 {
+	if c.Kills < 0 || c.DBKills < 0 || c.Restarts < 0 || c.BrokerRestarts < 0 {
 		errs = append(errs, errors.New("kills, db-kills and restarts must not be negative"))
 	}
 	if c.SelfKillShare < 0 || c.SelfKillShare > 1 || c.DieAfter[0] < 1 || c.DieAfter[1] < c.DieAfter[0] {
@@ -148,12 +154,13 @@ func (c Config) validate() error {
 // Totals are the numbers of the CHAOS line.
 type Totals struct {
 	Events, Effects, DuplicatedEffects, Lost, ConflictsRouted, Kills int
+	DBCuts, BrokerRestarts                                           int
 	Seed                                                             uint64
 }
 
 func (t Totals) String() string {
-	return fmt.Sprintf("CHAOS events=%d effects=%d duplicated_effects=%d lost=%d conflicts_routed=%d kills=%d seed=%d",
-		t.Events, t.Effects, t.DuplicatedEffects, t.Lost, t.ConflictsRouted, t.Kills, t.Seed)
+	return fmt.Sprintf("CHAOS events=%d effects=%d duplicated_effects=%d lost=%d conflicts_routed=%d kills=%d db_cuts=%d broker_restarts=%d seed=%d",
+		t.Events, t.Effects, t.DuplicatedEffects, t.Lost, t.ConflictsRouted, t.Kills, t.DBCuts, t.BrokerRestarts, t.Seed)
 }
 
 var (
@@ -168,7 +175,12 @@ type runner struct {
 	dbs     map[string]*database
 	brokers []string
 	procs   *procSet
-	logDir  string
+
+	brokerMu       sync.Mutex
+	broker         *proc
+	brokerArgs     []string
+	brokerRestarts int
+	logDir         string
 
 	outMu sync.Mutex
 }
@@ -252,11 +264,17 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 			topics = append(topics, mr.kafkaTopics()...)
 		}
 	}
-	broker, err := r.startBroker(ctx, topics)
-	if err != nil {
+	for i := range cfg.BrokerRestarts {
+		mr := runs[i%len(runs)]
+		mr.brokerRestarts++
+	}
+	if err := r.startBroker(ctx, topics); err != nil {
 		return failed("broker: %v", err)
 	}
 	defer func() {
+		r.brokerMu.Lock()
+		broker := r.broker
+		r.brokerMu.Unlock()
 		broker.terminate()
 		select {
 		case <-broker.done:
@@ -285,6 +303,7 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		tot.Lost += res.lost
 		tot.ConflictsRouted += res.conflictsRouted
 		tot.Kills += mr.kills()
+		tot.DBCuts += mr.dbKills
 		for _, f := range mr.failures {
 			failures = append(failures, mr.label+": "+f)
 		}
@@ -294,8 +313,10 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 			r.printf("chaos: FAIL: %s", f)
 		}
 		r.printf("chaos: logs in %s; rerun with --seed %d", r.logDir, cfg.Seed)
+		tot.BrokerRestarts = r.brokerRestarts
 		return tot, fmt.Errorf("%d failures, the first: %s", len(failures), failures[0])
 	}
+	tot.BrokerRestarts = r.brokerRestarts
 	if cfg.LogDir == "" && !cfg.Keep {
 		_ = os.RemoveAll(r.logDir)
 	}
@@ -313,14 +334,28 @@ func totalShare(modes []string) float64 {
 // brokerPartitions is every Kafka topic's partition count.
 const brokerPartitions = 8
 
-func (r *runner) startBroker(ctx context.Context, topics []string) (*proc, error) {
-	p, err := r.procs.start(r.cfg.Command, "broker", "broker", r.logDir, []string{
-		"-partitions", fmt.Sprint(brokerPartitions), "-topics", strings.Join(topics, ","), "-lifeline"})
+func (r *runner) startBroker(ctx context.Context, topics []string) error {
+	r.brokerArgs = []string{"-partitions", fmt.Sprint(brokerPartitions), "-topics", strings.Join(topics, ","),
+		"-data-dir", filepath.Join(r.logDir, "broker-data"), "-lifeline"}
+	p, err := r.spawnBroker(ctx, "broker", r.brokerArgs)
+	if err != nil {
+		return err
+	}
+	r.brokerMu.Lock()
+	defer r.brokerMu.Unlock()
+	r.broker = p
+	r.brokers = []string{p.listenAddr()}
+	return nil
+}
+
+func (r *runner) spawnBroker(ctx context.Context, name string, args []string) (*proc, error) {
+	p, err := r.procs.start(r.cfg.Command, "broker", name, r.logDir, args)
 	if err != nil {
 		return nil, err
 	}
 	select {
 	case <-p.ready:
+		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("exited before listening (log: %s)", p.logPath)
 	case <-time.After(30 * time.Second):
@@ -328,8 +363,47 @@ func (r *runner) startBroker(ctx context.Context, topics []string) (*proc, error
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	r.brokers = []string{p.listen}
-	return p, nil
+}
+
+// restartBroker stops the broker (SIGTERM: kfake writes its state out) and
+// starts a new process on the same port and data directory. Producers and
+// consumers see their connections refused for the time in between and must
+// reconnect; the records, the topics and the groups' committed offsets
+// survive. One restart at a time: modes running in parallel queue.
+func (r *runner) restartBroker(ctx context.Context) (time.Duration, error) {
+	r.brokerMu.Lock()
+	defer r.brokerMu.Unlock()
+	start := time.Now()
+	old := r.broker
+	old.terminate()
+	select {
+	case <-old.done:
+	case <-time.After(30 * time.Second):
+		old.kill()
+		<-old.done
+		return 0, fmt.Errorf("the broker did not stop within 30s of SIGTERM (log: %s)", old.logPath)
+	}
+	if st := old.exitState(); st == nil || !st.Success() {
+		return 0, fmt.Errorf("the broker did not exit cleanly (%v; log: %s)", st, old.logPath)
+	}
+	_, port, err := net.SplitHostPort(r.brokers[0])
+	if err != nil {
+		return 0, err
+	}
+	r.brokerRestarts++
+	args := append([]string{"-port", port}, r.brokerArgs...)
+	var p *proc
+	// The port can take a moment to be free again.
+	for attempt := 0; ; attempt++ {
+		p, err = r.spawnBroker(ctx, fmt.Sprintf("broker#%d", r.brokerRestarts+1), args)
+		if err == nil || attempt == 20 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err != nil {
+		return 0, err
+	}
+	r.broker = p
+	return time.Since(start), nil
 }

@@ -35,6 +35,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		kills     = fs.Int("kills", 0, "SIGKILLs by the driver per mode (full: 20)")
 		dbKills   = fs.Int("db-kills", 0, "rounds of pg_terminate_backend per mode (full: 6)")
 		restarts  = fs.Int("restarts", 0, "graceful restarts per mode (full: 3)")
+		brokerRe  = fs.Int("broker-restarts", 0, "broker restarts in the whole run, spread over the modes (quick: 1, full: 6)")
 		selfKill  = fs.Float64("self-kill-share", 0, "share of consumer starts told to kill themselves at a point (0.5)")
 		modes     = fs.String("modes", "", "comma-separated modes (default: "+strings.Join(wire.Modes, ",")+")")
 		databases = fs.String("databases", "", "comma-separated databases to run every mode on (default: "+strings.Join(wire.Databases, ",")+")")
@@ -77,9 +78,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		"kills": func() { cfg.Kills = *kills }, "db-kills": func() { cfg.DBKills = *dbKills },
 		"restarts": func() { cfg.Restarts = *restarts }, "self-kill-share": func() { cfg.SelfKillShare = *selfKill },
 		"parallel": func() { cfg.Parallel = *parallel }, "deadline": func() { cfg.Deadline = *deadline },
-		"stall":     func() { cfg.Stall = *stall },
-		"modes":     func() { cfg.Modes = strings.Split(*modes, ",") },
-		"databases": func() { cfg.Databases = strings.Split(*databases, ",") },
+		"stall":           func() { cfg.Stall = *stall },
+		"broker-restarts": func() { cfg.BrokerRestarts = *brokerRe },
+		"modes":           func() { cfg.Modes = strings.Split(*modes, ",") },
+		"databases":       func() { cfg.Databases = strings.Split(*databases, ",") },
 	}
 	for name, f := range override {
 		if set[name] {

@@ -25,6 +25,7 @@ const (
 	actRestart                // SIGTERM a random consumer; the supervisor starts a new one
 	actReplay                 // Kafka: start the second group, reading from the oldest offset
 	actReset                  // SQL queue: mark the first half of the acked messages unacked
+	actBroker                 // stop the broker and start a new one on the same port and data
 )
 
 type action struct {
@@ -70,10 +71,14 @@ type modeRun struct {
 
 	idx                  int // the mode's and the database's number, for seeds
 	nextChunk, published int
-	done                 int // effects so far, the measure of progress
+	chunkSent            int       // messages of chunks[nextChunk] already produced
+	publishFailingSince  time.Time // zero while publishing works
+	done                 int       // effects so far, the measure of progress
 
 	// tallies
 	driverKills, dbKills, dbConns, restarts, replayed int
+	brokerRestarts                                    int // planned for this mode
+	brokerDone                                        []time.Duration
 	selfKills                                         map[string]int
 	failures                                          []string
 	started                                           time.Time
@@ -158,6 +163,7 @@ func (m *modeRun) planFaults() {
 	add(actKill, cfg.Kills)
 	add(actDBKill, cfg.DBKills)
 	add(actRestart, cfg.Restarts)
+	add(actBroker, m.brokerRestarts)
 	if m.isKafka() {
 		m.plan = append(m.plan, action{at: 0.5, kind: actReplay})
 	} else {
@@ -298,8 +304,17 @@ func (m *modeRun) loop(ctx context.Context) {
 			m.r.printf("chaos: %s: measuring progress: %v", m.label, err)
 		}
 		if err := m.publish(ctx); err != nil && ctx.Err() == nil {
-			m.fail("publish: %v", err)
-			return
+			// The broker may be restarting (this mode's plan or another's):
+			// publishing resumes where it stopped, for up to a minute.
+			if m.publishFailingSince.IsZero() {
+				m.publishFailingSince = time.Now()
+				m.r.printf("chaos: %s: publishing failed, retrying: %v", m.label, err)
+			} else if time.Since(m.publishFailingSince) > time.Minute {
+				m.fail("publish: failing for a minute: %v", err)
+				return
+			}
+		} else {
+			m.publishFailingSince = time.Time{}
 		}
 		m.act(ctx)
 		m.supervise()
@@ -363,18 +378,23 @@ func (m *modeRun) publish(ctx context.Context) error {
 		if k > 0 && m.st.originals[k-1]-m.done > window {
 			return nil
 		}
-		chunk := m.st.chunks[k]
-		var err error
+		chunk := m.st.chunks[k][m.chunkSent:]
+		var (
+			sent int
+			err  error
+		)
 		if m.isKafka() {
-			err = m.kafka.produce(m.topic, chunk)
+			sent, err = m.kafka.produce(m.topic, chunk)
 		} else {
-			err = m.publishQueue(chunk)
+			sent, err = m.publishQueue(chunk)
 		}
+		m.chunkSent += sent
+		m.published += sent
 		if err != nil {
 			return err
 		}
 		m.nextChunk++
-		m.published += len(chunk)
+		m.chunkSent = 0
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -382,7 +402,9 @@ func (m *modeRun) publish(ctx context.Context) error {
 	return nil
 }
 
-func (m *modeRun) publishQueue(chunk []streamMsg) error {
+// publishQueue publishes chunk in batches and returns how many messages
+// were published.
+func (m *modeRun) publishQueue(chunk []streamMsg) (int, error) {
 	const batch = 500
 	for start := 0; start < len(chunk); start += batch {
 		msgs := make([]*message.Message, 0, batch)
@@ -393,10 +415,10 @@ func (m *modeRun) publishQueue(chunk []streamMsg) error {
 			msgs = append(msgs, msg)
 		}
 		if err := m.queue.Publish(m.queueTopic, msgs...); err != nil {
-			return fmt.Errorf("publish to the queue: %w", err)
+			return start, fmt.Errorf("publish to the queue: %w", err)
 		}
 	}
-	return nil
+	return len(chunk), nil
 }
 
 // act injects the faults whose point of progress has come. A fault that
@@ -456,6 +478,14 @@ func (m *modeRun) inject(ctx context.Context, kind actKind) bool {
 				m.startConsumer(s)
 			}
 		}
+	case actBroker:
+		took, err := m.r.restartBroker(ctx)
+		if err != nil {
+			m.fail("broker restart: %v", err)
+			return true
+		}
+		m.brokerDone = append(m.brokerDone, took)
+		m.r.printf("chaos: %s: broker restarted at %d/%d effects (down %v)", m.label, m.done, m.events, took.Round(time.Millisecond))
 	case actReset:
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()

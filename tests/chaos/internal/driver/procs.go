@@ -164,6 +164,20 @@ func (p *proc) exited() bool {
 	}
 }
 
+// listenAddr is the address of a broker's LISTEN line.
+func (p *proc) listenAddr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.listen
+}
+
+// exitState is the reaped process's state, nil while it runs.
+func (p *proc) exitState() *os.ProcessState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state
+}
+
 // connIDs returns the database connection IDs the consumer reported.
 func (p *proc) connIDs() []int64 {
 	p.mu.Lock()
