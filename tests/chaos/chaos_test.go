@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-var chaosLine = regexp.MustCompile(`^CHAOS events=(\d+) effects=(\d+) duplicated_effects=0 lost=0 conflicts_routed=(\d+) kills=(\d+) db_cuts=(\d+) broker_restarts=1 seed=7$`)
+var chaosLine = regexp.MustCompile(`^CHAOS events=(\d+) effects=(\d+) duplicated_effects=0 lost=0 conflicts_routed=(\d+) kills=(\d+) db_cuts=(\d+) broker_restarts=1 seed=7 linearizable=true$`)
 
 func TestSmoke(t *testing.T) {
 	// Each skips, or fails with CI set, when its database does not answer.
@@ -73,6 +73,7 @@ func TestSmoke(t *testing.T) {
 	require.Equal(t, 240, tot.Events)
 	require.Equal(t, tot.Events, tot.Effects)
 	require.Positive(t, tot.ConflictsRouted)
+	require.True(t, tot.Linearizable, "porcupine's verdict on the history")
 	require.GreaterOrEqual(t, tot.Kills, 6, "each mode's consumers were killed at least once")
 	for _, db := range []string{"postgres", "mysql"} {
 		for _, mode := range []string{"kafka-transactional", "kafka-reserve", "sql-queue"} {

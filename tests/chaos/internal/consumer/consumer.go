@@ -53,7 +53,7 @@ type config struct {
 	mode, db, dsn, app, name            string
 	brokers, topic, group, poisonTopic  string
 	inboxTable, effectsTable, provider  string
-	dieAt                               string
+	dieAt, history                      string
 	dieAfter, pool                      int
 	lifeline, verbose                   bool
 	ackDeadline, sqlPoll, closeDeadline time.Duration
@@ -76,6 +76,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.effectsTable, "effects-table", "", "business table (transactional modes)")
 	fs.StringVar(&c.provider, "provider", "", "payment provider base URL (kafka-reserve)")
 	fs.StringVar(&c.dieAt, "die-at", "", "kill this process (SIGKILL) at this point: "+strings.Join(wire.Points, ", "))
+	fs.StringVar(&c.history, "history", "", "append this process's claims, commits and acks to this file (JSON lines)")
 	fs.IntVar(&c.dieAfter, "die-after", 1, "... the n-th time a delivery reaches it")
 	fs.IntVar(&c.pool, "pool", 4, "maximum open database connections")
 	fs.BoolVar(&c.lifeline, "lifeline", false, "stop when stdin reaches EOF (the driver is gone)")
@@ -206,7 +207,12 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		sub message.Subscriber
 		h   message.NoPublishHandlerFunc
 	)
-	ks := &killSwitch{point: cfg.dieAt, after: int64(cfg.dieAfter), out: out}
+	hist, err := openHistory(cfg.history, cfg.name, cfg.mode == wire.SQLQueue)
+	if err != nil {
+		return err
+	}
+	defer hist.close()
+	ks := &killSwitch{point: cfg.dieAt, after: int64(cfg.dieAfter), out: out, hist: hist}
 	switch cfg.mode {
 	case wire.KafkaTx, wire.KafkaReserve:
 		sub, err = kafka.NewSubscriber(kafka.SubscriberConfig{

@@ -32,6 +32,8 @@ type result struct {
 	faults             providerFaults
 	stats              wire.Stats
 	checkErr           error
+	history            historyVerdict
+	historyChecked     bool
 	publishedEventIDs  map[string]bool
 	publishedConflicts map[string]bool
 }
@@ -237,6 +239,12 @@ func (m *modeRun) report() {
 	}
 	m.r.printf("  %s: deliveries (as last reported by each process): %s; poison messages %d; inbox records %d (%d at attempt > 1)",
 		m.label, res.stats, res.poisonMessages, res.records, res.retried)
+	if res.historyChecked {
+		h := res.history
+		m.r.printf("  %s: history: %d claims, %d commits, %d acks, %d effects over %d keys; linearizable=%t (checked in %v)",
+			m.label, h.ops[wire.OpClaim], h.ops[wire.OpCommit], h.ops[wire.OpAck], h.ops[wire.OpEffect], h.keys,
+			h.linearizable, h.took.Round(time.Millisecond))
+	}
 	if m.prov != nil {
 		f := res.faults
 		m.r.printf("  %s: provider: charges=%d double_charges=%d; unavailable=%d slow_before_charging=%d slow_after_charging=%d hung_up_after_charging=%d refused_late=%d lookup_failures=%d",

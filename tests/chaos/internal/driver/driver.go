@@ -156,11 +156,15 @@ type Totals struct {
 	Events, Effects, DuplicatedEffects, Lost, ConflictsRouted, Kills int
 	DBCuts, BrokerRestarts                                           int
 	Seed                                                             uint64
+	// Linearizable is porcupine's verdict on every mode's history (false
+	// when a history could not be checked).
+	Linearizable bool
 }
 
 func (t Totals) String() string {
-	return fmt.Sprintf("CHAOS events=%d effects=%d duplicated_effects=%d lost=%d conflicts_routed=%d kills=%d db_cuts=%d broker_restarts=%d seed=%d",
-		t.Events, t.Effects, t.DuplicatedEffects, t.Lost, t.ConflictsRouted, t.Kills, t.DBCuts, t.BrokerRestarts, t.Seed)
+	return fmt.Sprintf("CHAOS events=%d effects=%d duplicated_effects=%d lost=%d conflicts_routed=%d kills=%d db_cuts=%d broker_restarts=%d seed=%d linearizable=%t",
+		t.Events, t.Effects, t.DuplicatedEffects, t.Lost, t.ConflictsRouted, t.Kills, t.DBCuts, t.BrokerRestarts, t.Seed,
+		t.Linearizable)
 }
 
 var (
@@ -295,7 +299,9 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 	}
 
 	var failures []string
+	tot.Linearizable = true
 	for _, mr := range runs {
+		tot.Linearizable = tot.Linearizable && mr.res.historyChecked && mr.res.history.linearizable
 		res := mr.res
 		tot.Events += res.events
 		tot.Effects += res.effects

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -139,6 +141,10 @@ func (m *modeRun) run(ctx context.Context) {
 	m.st = newStream(m.rng, m.events, partitions)
 	m.planFaults()
 	defer m.teardown()
+	if err := os.MkdirAll(m.historyDir(), 0o755); err != nil {
+		m.fail("history directory: %v", err)
+		return
+	}
 	if err := m.setup(ctx); err != nil {
 		m.fail("setup: %v", err)
 		m.res.events = m.events
@@ -149,6 +155,7 @@ func (m *modeRun) run(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	m.check(cctx)
+	m.checkLinearizable(cctx)
 	m.report()
 }
 
@@ -511,7 +518,8 @@ func (m *modeRun) startConsumer(s *slot) {
 	}
 	args := []string{"-mode", m.mode, "-db", m.db.kind, "-dsn", m.db.dsn, "-app", s.app, "-name", fmt.Sprintf("c%d.%d", s.idx, s.incarnation),
 		"-brokers", strings.Join(m.r.brokers, ","), "-poison-topic", m.poisonTopic, "-inbox-table", m.inboxTable,
-		"-pool", fmt.Sprint(pool), "-lifeline"}
+		"-pool", fmt.Sprint(pool), "-lifeline",
+		"-history", filepath.Join(m.historyDir(), strings.NewReplacer("/", "_", "#", "_").Replace(name)+".jsonl")}
 	switch m.mode {
 	case wire.KafkaTx:
 		args = append(args, "-topic", m.topic, "-group", s.group, "-effects-table", m.effectsTable)
