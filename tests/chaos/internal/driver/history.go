@@ -208,8 +208,10 @@ func (m *modeRun) readHistory(ctx context.Context) ([]wire.HistoryOp, error) {
 	return ops, q.Err()
 }
 
-// checkLinearizable reads the mode's history, writes it out merged
-// (history/<mode>.jsonl in the log directory) and checks it.
+// checkLinearizable reads the mode's history and checks it. The merged
+// history (history/<mode>.jsonl in the log directory, sorted by call time)
+// is written out when the check fails or the logs are kept: a long run's
+// is gigabytes.
 func (m *modeRun) checkLinearizable(ctx context.Context) {
 	ops, err := m.readHistory(ctx)
 	if err != nil {
@@ -217,21 +219,38 @@ func (m *modeRun) checkLinearizable(ctx context.Context) {
 		m.fail("reading the history: %v", err)
 		return
 	}
-	slices.SortStableFunc(ops, func(a, b wire.HistoryOp) int { return int(min(max(a.Call-b.Call, -1), 1)) })
-	if f, err := os.Create(filepath.Join(m.r.logDir, "history", m.short+".jsonl")); err == nil {
-		w := bufio.NewWriter(f)
-		enc := json.NewEncoder(w)
-		for _, o := range ops {
-			_ = enc.Encode(o)
-		}
-		_ = w.Flush()
-		_ = f.Close()
-	}
 	v := checkHistory(ops, time.Now().Add(time.Hour).UnixNano())
 	m.res.history = v
 	m.res.historyChecked = true
+	merged := filepath.Join(m.r.logDir, "history", m.short+".jsonl")
+	if !v.linearizable || m.r.cfg.Keep || m.r.cfg.LogDir != "" {
+		slices.SortStableFunc(ops, func(a, b wire.HistoryOp) int { return int(min(max(a.Call-b.Call, -1), 1)) })
+		if err := writeHistory(merged, ops); err != nil {
+			m.r.printf("chaos: %s: writing the merged history: %v", m.label, err)
+		}
+	}
 	if !v.linearizable {
 		m.fail("history not linearizable against one effect per key, no conflicting payload acked: keys %v (history in %s)",
-			v.illegal, filepath.Join(m.r.logDir, "history", m.short+".jsonl"))
+			v.illegal, merged)
 	}
+}
+
+func writeHistory(path string, ops []wire.HistoryOp) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	enc := json.NewEncoder(w)
+	for _, o := range ops {
+		if err := enc.Encode(o); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
