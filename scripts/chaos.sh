@@ -10,8 +10,11 @@
 #   scripts/chaos.sh --seed 42 --keep   # the same stream and fault plan again; keep tables and logs
 #   scripts/chaos.sh --help
 #
-# It needs PostgreSQL (INBOXMILL_POSTGRES_DSN, default
-# postgres://postgres@127.0.0.1:5432/test?sslmode=disable). The last line is
+# Every mode runs on PostgreSQL and on MySQL/MariaDB (--databases
+# postgres,mysql, the default). It needs PostgreSQL (INBOXMILL_POSTGRES_DSN,
+# default postgres://postgres@127.0.0.1:5432/test?sslmode=disable) and
+# MariaDB (INBOXMILL_MYSQL_DSN, default
+# root@tcp(127.0.0.1:3306)/test?parseTime=true). The last line is
 #
 #   CHAOS events=<n> effects=<n> duplicated_effects=<n> lost=<n> conflicts_routed=<n> kills=<n> seed=<n>
 #

@@ -1,6 +1,7 @@
 // Package chaos_test runs the fault-injection suite (scripts/chaos.sh) in a
 // smoke configuration: a few hundred events, two consumer processes per
-// mode, a kill, a database connection cut and a restart each. The test
+// mode, a kill, a database connection cut and a restart each, and one
+// broker restart. The test
 // binary plays every part: it re-executes itself as the broker and the
 // consumers, so under -race the consumers are checked for data races too.
 package chaos_test
@@ -38,18 +39,20 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-var chaosLine = regexp.MustCompile(`^CHAOS events=(\d+) effects=(\d+) duplicated_effects=0 lost=0 conflicts_routed=(\d+) kills=(\d+) seed=7$`)
+var chaosLine = regexp.MustCompile(`^CHAOS events=(\d+) effects=(\d+) duplicated_effects=0 lost=0 conflicts_routed=(\d+) kills=(\d+) db_cuts=(\d+) broker_restarts=1 seed=7 linearizable=true$`)
 
 func TestSmoke(t *testing.T) {
-	testdb.Open(t, testdb.PostgresPGX) // skips, or fails with CI set, when PostgreSQL does not answer
+	// Each skips, or fails with CI set, when its database does not answer.
+	testdb.Open(t, testdb.PostgresPGX)
+	testdb.Open(t, testdb.MySQL)
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	logs := t.TempDir()
 	var out syncBuffer
 	cfg := driver.Config{
-		Seed: 7, Events: 240, Consumers: 2, Kills: 1, DBKills: 1, Restarts: 1,
+		Seed: 7, Events: 240, Consumers: 2, Kills: 1, DBKills: 1, Restarts: 1, BrokerRestarts: 1,
 		SelfKillShare: 0.4, DieAfter: [2]int{5, 25}, Parallel: true,
-		DSN: testdb.PostgresDSN(), Deadline: 50 * time.Second, Stall: 30 * time.Second,
+		DSN: testdb.PostgresDSN(), MySQLDSN: testdb.MySQLDSN(), Deadline: 50 * time.Second, Stall: 30 * time.Second,
 		LogDir: logs, Out: &out,
 		Command: func(role string, args ...string) *exec.Cmd {
 			cmd := exec.Command(exe, args...)
@@ -70,9 +73,12 @@ func TestSmoke(t *testing.T) {
 	require.Equal(t, 240, tot.Events)
 	require.Equal(t, tot.Events, tot.Effects)
 	require.Positive(t, tot.ConflictsRouted)
-	require.GreaterOrEqual(t, tot.Kills, 3, "each mode's consumers were killed at least once")
-	for _, mode := range []string{"kafka-transactional", "kafka-reserve", "sql-queue"} {
-		require.Contains(t, report, "MODE "+mode+" ")
+	require.True(t, tot.Linearizable, "porcupine's verdict on the history")
+	require.GreaterOrEqual(t, tot.Kills, 6, "each mode's consumers were killed at least once")
+	for _, db := range []string{"postgres", "mysql"} {
+		for _, mode := range []string{"kafka-transactional", "kafka-reserve", "sql-queue"} {
+			require.Contains(t, report, "MODE "+db+"/"+mode+" ")
+		}
 	}
 	requireNoRace(t, logs)
 }

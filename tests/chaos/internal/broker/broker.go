@@ -1,6 +1,9 @@
 // Package broker is the chaos suite's Kafka: a one-broker kfake cluster
 // (github.com/twmb/franz-go/pkg/kfake) in a process of its own, listening on
 // 127.0.0.1, so that killing consumers never touches the broker's state.
+// With -data-dir the cluster persists its state (kfake.DataDir) and a new
+// process on the same port and directory carries on where the last one
+// stopped: the driver restarts the broker that way mid-stream.
 package broker
 
 import (
@@ -26,6 +29,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	partitions := fs.Int("partitions", 8, "partitions of every seeded topic")
 	topics := fs.String("topics", "", "comma-separated topics to create")
 	port := fs.Int("port", 0, "port on 127.0.0.1 (0: any free port)")
+	dataDir := fs.String("data-dir", "", "keep the cluster's state (topics, records, groups' offsets) in this directory and reload it at start, so that a restarted broker has the data of the one before")
 	lifeline := fs.Bool("lifeline", false, "stop when stdin reaches EOF (the process that started this one is gone)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -36,6 +40,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// Lets the consumers' two-second sessions through: a member that
 		// died is evicted, and its partitions reassigned, within seconds.
 		kfake.GroupMinSessionTimeout(500 * time.Millisecond),
+	}
+	if *dataDir != "" {
+		opts = append(opts, kfake.DataDir(*dataDir))
 	}
 	if *topics != "" {
 		opts = append(opts, kfake.SeedTopics(int32(*partitions), strings.Split(*topics, ",")...))

@@ -7,7 +7,6 @@ package consumer
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,13 +26,11 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/handlers/reconcile"
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
 )
 
@@ -53,10 +50,10 @@ const (
 )
 
 type config struct {
-	mode, dsn, app, name                string
+	mode, db, dsn, app, name            string
 	brokers, topic, group, poisonTopic  string
 	inboxTable, effectsTable, provider  string
-	dieAt                               string
+	dieAt, history                      string
 	dieAfter, pool                      int
 	lifeline, verbose                   bool
 	ackDeadline, sqlPoll, closeDeadline time.Duration
@@ -67,7 +64,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.mode, "mode", "", "one of "+strings.Join(wire.Modes, ", "))
-	fs.StringVar(&c.dsn, "dsn", "", "PostgreSQL DSN")
+	fs.StringVar(&c.db, "db", wire.Postgres, "database: "+strings.Join(wire.Databases, ", "))
+	fs.StringVar(&c.dsn, "dsn", "", "the database's DSN")
 	fs.StringVar(&c.app, "app", "", "PostgreSQL application_name of this process's connections")
 	fs.StringVar(&c.name, "name", "consumer", "name written with every effect")
 	fs.StringVar(&c.brokers, "brokers", "", "Kafka brokers, comma-separated (Kafka modes; the poison topic in every mode)")
@@ -78,6 +76,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.effectsTable, "effects-table", "", "business table (transactional modes)")
 	fs.StringVar(&c.provider, "provider", "", "payment provider base URL (kafka-reserve)")
 	fs.StringVar(&c.dieAt, "die-at", "", "kill this process (SIGKILL) at this point: "+strings.Join(wire.Points, ", "))
+	fs.StringVar(&c.history, "history", "", "append this process's claims, commits and acks to this file (JSON lines)")
 	fs.IntVar(&c.dieAfter, "die-after", 1, "... the n-th time a delivery reaches it")
 	fs.IntVar(&c.pool, "pool", 4, "maximum open database connections")
 	fs.BoolVar(&c.lifeline, "lifeline", false, "stop when stdin reaches EOF (the driver is gone)")
@@ -100,6 +99,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		if f.v == "" {
 			errs = append(errs, fmt.Errorf("-%s is required", f.name))
 		}
+	}
+	if !wire.ValidDatabase(c.db) {
+		errs = append(errs, fmt.Errorf("-db %q is not one of %s", c.db, strings.Join(wire.Databases, ", ")))
 	}
 	if c.mode != wire.SQLQueue && c.group == "" {
 		errs = append(errs, errors.New("-group is required in Kafka modes"))
@@ -166,18 +168,14 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		logger = watermill.NewStdLoggerWithOut(stderr, true, false)
 		sarama.Logger = log.New(stderr, "[sarama] ", log.LstdFlags|log.Lmicroseconds)
 	}
-	dsn, err := wire.WithApplicationName(cfg.dsn, cfg.app)
-	if err != nil {
-		return err
-	}
-	db, err := sql.Open("pgx", dsn)
+	db, dialect, err := openDB(cfg, out)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(cfg.pool)
 	db.SetMaxIdleConns(cfg.pool)
-	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: cfg.inboxTable})
+	store, err := inbox.NewStore(db, dialect, inbox.Config{Table: cfg.inboxTable})
 	if err != nil {
 		return err
 	}
@@ -209,7 +207,12 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		sub message.Subscriber
 		h   message.NoPublishHandlerFunc
 	)
-	ks := &killSwitch{point: cfg.dieAt, after: int64(cfg.dieAfter), out: out}
+	hist, err := openHistory(cfg.history, cfg.name, cfg.mode == wire.SQLQueue)
+	if err != nil {
+		return err
+	}
+	defer hist.close()
+	ks := &killSwitch{point: cfg.dieAt, after: int64(cfg.dieAfter), out: out, hist: hist}
 	switch cfg.mode {
 	case wire.KafkaTx, wire.KafkaReserve:
 		sub, err = kafka.NewSubscriber(kafka.SubscriberConfig{
@@ -227,9 +230,16 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		// message into the dead transaction (the middleware refuses each
 		// time, ErrConsumingTxAborted) until the deadline, 30 s by default,
 		// ends it; only then does a new transaction fetch the message again.
+		var (
+			schema  wsql.SchemaAdapter  = wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
+			offsets wsql.OffsetsAdapter = wsql.PostgreSQLQueueOffsetsAdapter{}
+		)
+		if cfg.db == wire.MySQL {
+			schema, offsets = wsql.MySQLQueueSchema{SubscribeBatchSize: 1}, wsql.MySQLQueueOffsetsAdapter{}
+		}
 		sub, err = wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
-			SchemaAdapter:  wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1},
-			OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{},
+			SchemaAdapter:  schema,
+			OffsetsAdapter: offsets,
 			AckDeadline:    &cfg.ackDeadline,
 			PollInterval:   cfg.sqlPoll,
 			ResendInterval: 20 * time.Millisecond,
@@ -261,7 +271,7 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		}
 		defer rec.Close()
 	} else {
-		h = effectHandler(cfg.effectsTable, cfg.name, ks)
+		h = effectHandler(cfg.effectsTable, cfg.name, dialect.Placeholder, ks)
 	}
 	d, err := dedup.New(store, dcfg)
 	if err != nil {

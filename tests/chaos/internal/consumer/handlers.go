@@ -26,8 +26,9 @@ import (
 // effectHandler writes the event's effect, one row, in the middleware's
 // transaction (its own, or the SQL queue's consuming one). The table has
 // no unique constraint: an effect that happened twice is a second row.
-func effectHandler(table, name string, ks *killSwitch) message.NoPublishHandlerFunc {
-	insert := `INSERT INTO ` + table + ` (event_id, amount, consumer) VALUES ($1, $2, $3)`
+func effectHandler(table, name string, placeholder func(int) string, ks *killSwitch) message.NoPublishHandlerFunc {
+	insert := `INSERT INTO ` + table + ` (event_id, amount, consumer) VALUES (` + placeholder(1) + `, ` +
+		placeholder(2) + `, ` + placeholder(3) + `)`
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, ok := dedup.TxFromContext(ctx)
@@ -118,6 +119,7 @@ type killSwitch struct {
 	after int64
 	n     atomic.Int64
 	out   *lines
+	hist  *history
 }
 
 func (k *killSwitch) at(point string) {
@@ -137,28 +139,51 @@ func (k *killSwitch) at(point string) {
 	}
 }
 
-type ranKey struct{}
+type deliveryKey struct{}
 
-// ranHandler notes that the handler ran for this delivery, for AfterCommit.
+// delivery is what the kill switch's middleware knows of one delivery.
+type delivery struct {
+	ran       atomic.Bool
+	start     time.Time
+	key, hash string
+	hist      *history
+}
+
+// ranHandler notes that the handler ran for this delivery, for AfterCommit,
+// and records the claim in the history.
 func ranHandler(ctx context.Context) {
-	if ran, ok := ctx.Value(ranKey{}).(*atomic.Bool); ok {
-		ran.Store(true)
+	if d, ok := ctx.Value(deliveryKey{}).(*delivery); ok {
+		d.ran.Store(true)
+		d.hist.record(wire.OpClaim, d.key, d.hash, d.start)
 	}
 }
 
 // middleware sits between the poison queue and the dedup middleware: it
 // holds the BeforeClaim point and, when the dedup middleware returns success
-// for a delivery that ran the handler, the AfterCommit point.
+// for a delivery that ran the handler, the AfterCommit point. It records
+// the delivery's commit (the handler ran and the middleware returned
+// success) and ack (the middleware returned success: the router acks) in
+// the history; a conflicting payload, refused by the middleware, is routed
+// to the poison topic by the poison queue outside and never recorded as
+// acked.
 func (k *killSwitch) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		k.at(wire.BeforeClaim)
 		ctx := msg.Context()
-		ran := new(atomic.Bool)
-		msg.SetContext(context.WithValue(ctx, ranKey{}, ran))
+		d := &delivery{start: time.Now(), key: msg.Metadata.Get(wire.MetaEventID), hist: k.hist}
+		var ev wire.Event
+		if json.Unmarshal(msg.Payload, &ev) == nil {
+			d.hash = wire.PayloadHash(ev.EventID, ev.Amount)
+		}
+		msg.SetContext(context.WithValue(ctx, deliveryKey{}, d))
 		out, err := h(msg)
 		msg.SetContext(ctx)
-		if err == nil && ran.Load() {
-			k.at(wire.AfterCommit)
+		if err == nil {
+			if d.ran.Load() {
+				k.hist.record(wire.OpCommit, d.key, d.hash, d.start)
+				k.at(wire.AfterCommit)
+			}
+			k.hist.record(wire.OpAck, d.key, d.hash, d.start)
 		}
 		return out, err
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
+
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
 )
 
@@ -30,6 +32,8 @@ type result struct {
 	faults             providerFaults
 	stats              wire.Stats
 	checkErr           error
+	history            historyVerdict
+	historyChecked     bool
 	publishedEventIDs  map[string]bool
 	publishedConflicts map[string]bool
 }
@@ -110,7 +114,7 @@ func (m *modeRun) checkEffects(ctx context.Context) error {
 			rows = append(rows, row{c.EventID, c.Amount, 1})
 		}
 	} else {
-		q, err := m.r.db.QueryContext(ctx, `SELECT event_id, amount, count(*) FROM `+m.effectsTable+` GROUP BY event_id, amount`)
+		q, err := m.db.db.QueryContext(ctx, `SELECT event_id, amount, count(*) FROM `+m.effectsTable+` GROUP BY event_id, amount`)
 		if err != nil {
 			return err
 		}
@@ -152,7 +156,7 @@ func (m *modeRun) checkEffects(ctx context.Context) error {
 
 func (m *modeRun) checkInbox(ctx context.Context) error {
 	res := &m.res
-	q, err := m.r.db.QueryContext(ctx, `SELECT status, count(*), count(*) FILTER (WHERE attempt > 1) FROM `+
+	q, err := m.db.db.QueryContext(ctx, `SELECT status, count(*), count(CASE WHEN attempt > 1 THEN 1 END) FROM `+
 		m.inboxTable+` GROUP BY status`)
 	if err != nil {
 		return err
@@ -177,7 +181,18 @@ func (m *modeRun) checkInbox(ctx context.Context) error {
 
 func (m *modeRun) checkPoison(ctx context.Context) error {
 	res := &m.res
-	msgs, err := m.kafka.readAll(ctx, m.poisonTopic)
+	// Another mode may restart the broker while this one reads: try again.
+	var (
+		msgs []*sarama.ConsumerMessage
+		err  error
+	)
+	for attempt := 1; ; attempt++ {
+		if msgs, err = m.kafka.readAll(ctx, m.poisonTopic); err == nil || attempt == 10 || ctx.Err() != nil {
+			break
+		}
+		m.r.printf("chaos: %s: reading the poison topic (attempt %d): %v", m.label, attempt, err)
+		time.Sleep(time.Second)
+	}
 	if err != nil {
 		return err
 	}
@@ -205,26 +220,35 @@ func (m *modeRun) checkPoison(ctx context.Context) error {
 func (m *modeRun) report() {
 	res := m.res
 	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d took=%v",
-		m.mode, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,
+		m.label, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,
 		m.kills(), time.Since(m.started).Round(100*time.Millisecond))
 	replay := fmt.Sprintf("a second consumer group from the oldest offset (%d consumers, started halfway)", m.replaySlots())
 	if !m.isKafka() {
 		replay = fmt.Sprintf("%d acked messages marked unacked halfway", m.replayed)
 	}
 	m.r.printf("  %s: stream: %d first deliveries, %d producer retries, %d republished later, %d conflicting; replay: %s",
-		m.mode, res.byKind[kindOriginal], res.byKind[kindRetry], res.byKind[kindLater], res.byKind[kindConflict], replay)
+		m.label, res.byKind[kindOriginal], res.byKind[kindRetry], res.byKind[kindLater], res.byKind[kindConflict], replay)
 	var self []string
 	for _, p := range wire.Points {
 		self = append(self, fmt.Sprintf("%s=%d", p, m.selfKills[p]))
 	}
 	m.r.printf("  %s: faults: SIGKILL by the driver %d, by the consumer itself %s; db connection kills %d (%d connections); graceful restarts %d; %d consumer processes in all",
-		m.mode, m.driverKills, strings.Join(self, " "), m.dbKills, m.dbConns, m.restarts, len(m.all))
+		m.label, m.driverKills, strings.Join(self, " "), m.dbKills, m.dbConns, m.restarts, len(m.all))
+	if len(m.brokerDone) > 0 {
+		m.r.printf("  %s: broker restarts %d (down %v)", m.label, len(m.brokerDone), m.brokerDone)
+	}
 	m.r.printf("  %s: deliveries (as last reported by each process): %s; poison messages %d; inbox records %d (%d at attempt > 1)",
-		m.mode, res.stats, res.poisonMessages, res.records, res.retried)
+		m.label, res.stats, res.poisonMessages, res.records, res.retried)
+	if res.historyChecked {
+		h := res.history
+		m.r.printf("  %s: history: %d claims, %d commits, %d acks, %d effects over %d keys; linearizable=%t (checked in %v)",
+			m.label, h.ops[wire.OpClaim], h.ops[wire.OpCommit], h.ops[wire.OpAck], h.ops[wire.OpEffect], h.keys,
+			h.linearizable, h.took.Round(time.Millisecond))
+	}
 	if m.prov != nil {
 		f := res.faults
 		m.r.printf("  %s: provider: charges=%d double_charges=%d; unavailable=%d slow_before_charging=%d slow_after_charging=%d hung_up_after_charging=%d refused_late=%d lookup_failures=%d",
-			m.mode, res.effects, res.doubleCharged, f.unavailable, f.slowBefore, f.slowAfter, f.hangups, f.late, f.lookupFailures)
+			m.label, res.effects, res.doubleCharged, f.unavailable, f.slowBefore, f.slowAfter, f.hangups, f.late, f.lookupFailures)
 	}
 }
 

@@ -1,13 +1,16 @@
 // Package driver is the chaos suite's conductor. It starts a Kafka-protocol
 // broker (kfake) as a process of its own, publishes streams of business
 // events full of duplicates and some conflicting payloads, runs consumer
-// processes that use inboxmill against PostgreSQL, and while they work kills
-// them (SIGKILL from outside, or at a chosen point from inside), cuts their
-// database connections and restarts them. At the end it counts every
-// event's effects: exactly one each, none missing, every conflicting
-// payload refused and on the poison topic.
+// processes that use inboxmill against PostgreSQL and MySQL/MariaDB, and
+// while they work kills them (SIGKILL from outside, or at a chosen point
+// from inside), cuts their database connections, restarts them, and
+// restarts the broker. At the end it counts every event's effects: exactly
+// one each, none missing, every conflicting payload refused and on the
+// poison topic; and it checks the history of claims, commits, acks and
+// effects with porcupine (see history.go).
 //
-// Three modes run, each with its own tables, topics and consumers:
+// Three modes run on each database, each with its own tables, topics and
+// consumers:
 // kafka-transactional, kafka-reserve (reserve/complete against a fake
 // payment provider that does not deduplicate) and sql-queue (watermill-sql's
 // PostgreSQL queue, joined to the consuming transaction).
@@ -16,13 +19,14 @@ package driver
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -33,8 +37,12 @@ import (
 )
 
 // DefaultDSN is the PostgreSQL the suite uses unless INBOXMILL_POSTGRES_DSN
-// or -dsn says otherwise.
-const DefaultDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+// or -dsn says otherwise; DefaultMySQLDSN the MySQL/MariaDB unless
+// INBOXMILL_MYSQL_DSN or -mysql-dsn says otherwise.
+const (
+	DefaultDSN      = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/test?parseTime=true"
+)
 
 // Config is one run. Counts of consumers and faults are per mode.
 type Config struct {
@@ -56,16 +64,28 @@ type Config struct {
 	// Restarts is the number of graceful restarts (SIGTERM, then a new
 	// process) per mode.
 	Restarts int
+	// BrokerRestarts is the number of times in the whole run the broker
+	// process is stopped and a new one started on the same port and data
+	// directory (kfake.DataDir), spread over the modes.
+	BrokerRestarts int
 	// SelfKillShare is the share of consumer starts told to kill themselves
 	// at a kill point after DieAfter[0] to DieAfter[1] deliveries reach it.
 	SelfKillShare float64
 	DieAfter      [2]int
 	// Modes to run; nil runs all.
 	Modes []string
+	// Databases to run every mode on; nil runs all (wire.Databases). The
+	// events are split evenly between the databases.
+	Databases []string
 	// Parallel runs the modes at the same time instead of one by one.
 	Parallel bool
-	// DSN is the PostgreSQL of the inbox and the business tables.
-	DSN string
+	// ParallelDatabases runs the databases at the same time, the modes of
+	// each one by one: half the wall time of a long run when the machine
+	// has the room, with the connections of one mode per database.
+	ParallelDatabases bool
+	// DSN is the PostgreSQL of the inbox and the business tables; MySQLDSN
+	// the MySQL/MariaDB (go-sql-driver/mysql form, parseTime=true).
+	DSN, MySQLDSN string
 	// Deadline bounds the whole run; Stall fails a mode that makes no
 	// progress for that long.
 	Deadline, Stall time.Duration
@@ -84,17 +104,17 @@ type Config struct {
 }
 
 // Quick is the configuration of `scripts/chaos.sh --quick`: a few thousand
-// events, three consumers per mode, modes in parallel, done well within
-// three minutes on two cores.
+// events over both databases, three consumers per mode, modes in parallel,
+// one broker restart; under a minute on two cores.
 func Quick() Config {
-	return Config{Events: 3000, Consumers: 3, Kills: 4, DBKills: 2, Restarts: 1, SelfKillShare: 0.5,
+	return Config{Events: 3000, Consumers: 3, Kills: 4, DBKills: 2, Restarts: 1, BrokerRestarts: 1, SelfKillShare: 0.5,
 		DieAfter: [2]int{5, 60}, Parallel: true, Deadline: 150 * time.Second, Stall: 60 * time.Second}
 }
 
 // Full is the default configuration: 100,000 events, eight consumers per
 // mode, 20 SIGKILLs per mode from the driver plus the consumers' own.
 func Full() Config {
-	return Config{Events: 100_000, Consumers: 8, Kills: 20, DBKills: 6, Restarts: 3, SelfKillShare: 0.5,
+	return Config{Events: 100_000, Consumers: 8, Kills: 20, DBKills: 6, Restarts: 3, BrokerRestarts: 6, SelfKillShare: 0.5,
 		DieAfter: [2]int{20, 600}, Deadline: 45 * time.Minute, Stall: 3 * time.Minute}
 }
 
@@ -109,7 +129,7 @@ func (c Config) validate() error {
 	if c.Consumers < 1 {
 		errs = append(errs, fmt.Errorf("consumers %d: want at least 1", c.Consumers))
 	}
-	if c.Kills < 0 || c.DBKills < 0 || c.Restarts < 0 {
+	if c.Kills < 0 || c.DBKills < 0 || c.Restarts < 0 || c.BrokerRestarts < 0 {
 		errs = append(errs, errors.New("kills, db-kills and restarts must not be negative"))
 	}
 	if c.SelfKillShare < 0 || c.SelfKillShare > 1 || c.DieAfter[0] < 1 || c.DieAfter[1] < c.DieAfter[0] {
@@ -119,6 +139,14 @@ func (c Config) validate() error {
 	for _, m := range c.Modes {
 		if _, ok := modeShare[m]; !ok {
 			errs = append(errs, fmt.Errorf("unknown mode %q (want %s)", m, strings.Join(wire.Modes, ", ")))
+		}
+	}
+	for _, d := range c.Databases {
+		if !wire.ValidDatabase(d) {
+			errs = append(errs, fmt.Errorf("unknown database %q (want %s)", d, strings.Join(wire.Databases, ", ")))
+		}
+		if d == wire.MySQL && c.MySQLDSN == "" {
+			errs = append(errs, errors.New("the MySQL DSN is required to run on mysql"))
 		}
 	}
 	if c.DSN == "" || c.Command == nil || c.Out == nil {
@@ -133,12 +161,17 @@ func (c Config) validate() error {
 // Totals are the numbers of the CHAOS line.
 type Totals struct {
 	Events, Effects, DuplicatedEffects, Lost, ConflictsRouted, Kills int
+	DBCuts, BrokerRestarts                                           int
 	Seed                                                             uint64
+	// Linearizable is porcupine's verdict on every mode's history (false
+	// when a history could not be checked).
+	Linearizable bool
 }
 
 func (t Totals) String() string {
-	return fmt.Sprintf("CHAOS events=%d effects=%d duplicated_effects=%d lost=%d conflicts_routed=%d kills=%d seed=%d",
-		t.Events, t.Effects, t.DuplicatedEffects, t.Lost, t.ConflictsRouted, t.Kills, t.Seed)
+	return fmt.Sprintf("CHAOS events=%d effects=%d duplicated_effects=%d lost=%d conflicts_routed=%d kills=%d db_cuts=%d broker_restarts=%d seed=%d linearizable=%t",
+		t.Events, t.Effects, t.DuplicatedEffects, t.Lost, t.ConflictsRouted, t.Kills, t.DBCuts, t.BrokerRestarts, t.Seed,
+		t.Linearizable)
 }
 
 var (
@@ -150,10 +183,15 @@ var (
 type runner struct {
 	cfg     Config
 	id      string
-	db      *sql.DB
+	dbs     map[string]*database
 	brokers []string
 	procs   *procSet
-	logDir  string
+
+	brokerMu       sync.Mutex
+	broker         *proc
+	brokerArgs     []string
+	brokerRestarts int
+	logDir         string
 
 	outMu sync.Mutex
 }
@@ -180,12 +218,16 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 	if len(modes) == 0 {
 		modes = wire.Modes
 	}
-	r := &runner{cfg: cfg, procs: newProcSet()}
+	dbKinds := cfg.Databases
+	if len(dbKinds) == 0 {
+		dbKinds = wire.Databases
+	}
+	r := &runner{cfg: cfg, procs: newProcSet(), dbs: map[string]*database{}}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	r.id = hex.EncodeToString(b[:])
-	r.printf("chaos: seed=%d run=%s modes=%s events=%d consumers=%d/mode kills=%d/mode db_kills=%d/mode restarts=%d/mode parallel=%t",
-		cfg.Seed, r.id, strings.Join(modes, ","), cfg.Events, cfg.Consumers, cfg.Kills, cfg.DBKills, cfg.Restarts, cfg.Parallel)
+	r.printf("chaos: seed=%d run=%s databases=%s modes=%s events=%d consumers=%d/mode kills=%d/mode db_kills=%d/mode restarts=%d/mode broker_restarts=%d parallel=%t parallel_databases=%t",
+		cfg.Seed, r.id, strings.Join(dbKinds, ","), strings.Join(modes, ","), cfg.Events, cfg.Consumers, cfg.Kills, cfg.DBKills, cfg.Restarts, cfg.BrokerRestarts, cfg.Parallel, cfg.ParallelDatabases)
 
 	ctx, cancel := context.WithTimeoutCause(ctx, cfg.Deadline, errDeadline)
 	defer cancel()
@@ -209,34 +251,41 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		return tot, err
 	}
 
-	dsn, err := wire.WithApplicationName(cfg.DSN, "imc_"+r.id+"_driver")
-	if err != nil {
-		return failed("%v", err)
-	}
-	if r.db, err = sql.Open("pgx", dsn); err != nil {
-		return failed("%v", err)
-	}
-	defer r.db.Close()
-	r.db.SetMaxOpenConns(8)
-	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
-	err = r.db.PingContext(pctx)
-	pcancel()
-	if err != nil {
-		return failed("PostgreSQL at %s is unreachable (set INBOXMILL_POSTGRES_DSN or -dsn): %v", cfg.DSN, err)
+	for _, kind := range dbKinds {
+		dsn := cfg.DSN
+		if kind == wire.MySQL {
+			dsn = cfg.MySQLDSN
+		}
+		d, err := openDatabase(ctx, kind, dsn, "imc_"+r.id+"_driver")
+		if err != nil {
+			return failed("%s at %s is unreachable (set INBOXMILL_POSTGRES_DSN / INBOXMILL_MYSQL_DSN, or -dsn / -mysql-dsn): %v",
+				kind, dsn, err)
+		}
+		defer d.db.Close()
+		r.dbs[kind] = d
 	}
 
 	runs := make([]*modeRun, 0, len(modes))
 	var topics []string
-	for _, m := range modes {
-		mr := newModeRun(r, m, int(float64(cfg.Events)*modeShare[m]/totalShare(modes)))
-		runs = append(runs, mr)
-		topics = append(topics, mr.kafkaTopics()...)
+	for _, kind := range dbKinds {
+		for _, m := range modes {
+			n := int(float64(cfg.Events) * modeShare[m] / totalShare(modes) / float64(len(dbKinds)))
+			mr := newModeRun(r, r.dbs[kind], m, n)
+			runs = append(runs, mr)
+			topics = append(topics, mr.kafkaTopics()...)
+		}
 	}
-	broker, err := r.startBroker(ctx, topics)
-	if err != nil {
+	for i := range cfg.BrokerRestarts {
+		mr := runs[i%len(runs)]
+		mr.brokerRestarts++
+	}
+	if err := r.startBroker(ctx, topics); err != nil {
 		return failed("broker: %v", err)
 	}
 	defer func() {
+		r.brokerMu.Lock()
+		broker := r.broker
+		r.brokerMu.Unlock()
 		broker.terminate()
 		select {
 		case <-broker.done:
@@ -244,20 +293,35 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		}
 	}()
 
-	if cfg.Parallel {
+	switch {
+	case cfg.Parallel:
 		var wg sync.WaitGroup
 		for _, mr := range runs {
 			wg.Go(func() { mr.run(ctx) })
 		}
 		wg.Wait()
-	} else {
+	case cfg.ParallelDatabases:
+		var wg sync.WaitGroup
+		for _, kind := range dbKinds {
+			wg.Go(func() {
+				for _, mr := range runs {
+					if mr.db.kind == kind {
+						mr.run(ctx)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	default:
 		for _, mr := range runs {
 			mr.run(ctx)
 		}
 	}
 
 	var failures []string
+	tot.Linearizable = true
 	for _, mr := range runs {
+		tot.Linearizable = tot.Linearizable && mr.res.historyChecked && mr.res.history.linearizable
 		res := mr.res
 		tot.Events += res.events
 		tot.Effects += res.effects
@@ -265,8 +329,9 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		tot.Lost += res.lost
 		tot.ConflictsRouted += res.conflictsRouted
 		tot.Kills += mr.kills()
+		tot.DBCuts += mr.dbKills
 		for _, f := range mr.failures {
-			failures = append(failures, mr.mode+": "+f)
+			failures = append(failures, mr.label+": "+f)
 		}
 	}
 	if len(failures) > 0 {
@@ -274,8 +339,10 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 			r.printf("chaos: FAIL: %s", f)
 		}
 		r.printf("chaos: logs in %s; rerun with --seed %d", r.logDir, cfg.Seed)
+		tot.BrokerRestarts = r.brokerRestarts
 		return tot, fmt.Errorf("%d failures, the first: %s", len(failures), failures[0])
 	}
+	tot.BrokerRestarts = r.brokerRestarts
 	if cfg.LogDir == "" && !cfg.Keep {
 		_ = os.RemoveAll(r.logDir)
 	}
@@ -293,14 +360,28 @@ func totalShare(modes []string) float64 {
 // brokerPartitions is every Kafka topic's partition count.
 const brokerPartitions = 8
 
-func (r *runner) startBroker(ctx context.Context, topics []string) (*proc, error) {
-	p, err := r.procs.start(r.cfg.Command, "broker", "broker", r.logDir, []string{
-		"-partitions", fmt.Sprint(brokerPartitions), "-topics", strings.Join(topics, ","), "-lifeline"})
+func (r *runner) startBroker(ctx context.Context, topics []string) error {
+	r.brokerArgs = []string{"-partitions", fmt.Sprint(brokerPartitions), "-topics", strings.Join(topics, ","),
+		"-data-dir", filepath.Join(r.logDir, "broker-data"), "-lifeline"}
+	p, err := r.spawnBroker(ctx, "broker", r.brokerArgs)
+	if err != nil {
+		return err
+	}
+	r.brokerMu.Lock()
+	defer r.brokerMu.Unlock()
+	r.broker = p
+	r.brokers = []string{p.listenAddr()}
+	return nil
+}
+
+func (r *runner) spawnBroker(ctx context.Context, name string, args []string) (*proc, error) {
+	p, err := r.procs.start(r.cfg.Command, "broker", name, r.logDir, args)
 	if err != nil {
 		return nil, err
 	}
 	select {
 	case <-p.ready:
+		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("exited before listening (log: %s)", p.logPath)
 	case <-time.After(30 * time.Second):
@@ -308,8 +389,47 @@ func (r *runner) startBroker(ctx context.Context, topics []string) (*proc, error
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	r.brokers = []string{p.listen}
-	return p, nil
+}
+
+// restartBroker stops the broker (SIGTERM: kfake writes its state out) and
+// starts a new process on the same port and data directory. Producers and
+// consumers see their connections refused for the time in between and must
+// reconnect; the records, the topics and the groups' committed offsets
+// survive. One restart at a time: modes running in parallel queue.
+func (r *runner) restartBroker(ctx context.Context) (time.Duration, error) {
+	r.brokerMu.Lock()
+	defer r.brokerMu.Unlock()
+	start := time.Now()
+	old := r.broker
+	old.terminate()
+	select {
+	case <-old.done:
+	case <-time.After(30 * time.Second):
+		old.kill()
+		<-old.done
+		return 0, fmt.Errorf("the broker did not stop within 30s of SIGTERM (log: %s)", old.logPath)
+	}
+	if st := old.exitState(); st == nil || !st.Success() {
+		return 0, fmt.Errorf("the broker did not exit cleanly (%v; log: %s)", st, old.logPath)
+	}
+	_, port, err := net.SplitHostPort(r.brokers[0])
+	if err != nil {
+		return 0, err
+	}
+	r.brokerRestarts++
+	args := append([]string{"-port", port}, r.brokerArgs...)
+	var p *proc
+	// The port can take a moment to be free again.
+	for attempt := 0; ; attempt++ {
+		p, err = r.spawnBroker(ctx, fmt.Sprintf("broker#%d", r.brokerRestarts+1), args)
+		if err == nil || attempt == 20 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err != nil {
+		return 0, err
+	}
+	r.broker = p
+	return time.Since(start), nil
 }

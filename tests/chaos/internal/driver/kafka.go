@@ -50,8 +50,9 @@ func (k *kafkaConn) close() {
 }
 
 // produce writes msgs to topic in order, as a producer outside Watermill
-// does: headers, a JSON payload, no Watermill UUID.
-func (k *kafkaConn) produce(topic string, msgs []streamMsg) error {
+// does: headers, a JSON payload, no Watermill UUID. It returns how many
+// messages were written (whole batches) before an error.
+func (k *kafkaConn) produce(topic string, msgs []streamMsg) (int, error) {
 	const batch = 500
 	for start := 0; start < len(msgs); start += batch {
 		out := make([]*sarama.ProducerMessage, 0, batch)
@@ -65,10 +66,10 @@ func (k *kafkaConn) produce(topic string, msgs []streamMsg) error {
 			})
 		}
 		if err := k.producer.SendMessages(out); err != nil {
-			return fmt.Errorf("produce to %s: %w", topic, err)
+			return start, fmt.Errorf("produce to %s: %w", topic, err)
 		}
 	}
-	return nil
+	return len(msgs), nil
 }
 
 // consumed reports whether group has committed the high-water mark of

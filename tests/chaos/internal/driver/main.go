@@ -28,15 +28,19 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	var (
-		quick     = fs.Bool("quick", false, "a short run for CI (3,000 events, 3 consumers per mode, modes in parallel)")
+		quick     = fs.Bool("quick", false, "a short run for CI (3,000 events, both databases, 3 consumers per mode, modes in parallel, one broker restart)")
 		seed      = fs.Uint64("seed", 0, "seed of the stream, the fault plan and the provider (default: random, printed)")
-		events    = fs.Int("events", 0, "distinct events, split across the modes (full: 100000)")
+		events    = fs.Int("events", 0, "distinct events, split across the databases and modes (full: 100000)")
 		consumers = fs.Int("consumers", 0, "consumer processes per mode (full: 8)")
 		kills     = fs.Int("kills", 0, "SIGKILLs by the driver per mode (full: 20)")
-		dbKills   = fs.Int("db-kills", 0, "rounds of pg_terminate_backend per mode (full: 6)")
+		dbKills   = fs.Int("db-kills", 0, "rounds of database connection cuts per mode: pg_terminate_backend, or KILL on MySQL (full: 6)")
 		restarts  = fs.Int("restarts", 0, "graceful restarts per mode (full: 3)")
+		brokerRe  = fs.Int("broker-restarts", 0, "broker restarts in the whole run, spread over the modes (quick: 1, full: 6)")
 		selfKill  = fs.Float64("self-kill-share", 0, "share of consumer starts told to kill themselves at a point (0.5)")
 		modes     = fs.String("modes", "", "comma-separated modes (default: "+strings.Join(wire.Modes, ",")+")")
+		databases = fs.String("databases", "", "comma-separated databases to run every mode on (default: "+strings.Join(wire.Databases, ",")+")")
+		mysqlDSN  = fs.String("mysql-dsn", "", "MySQL/MariaDB DSN (default: $INBOXMILL_MYSQL_DSN or "+DefaultMySQLDSN+")")
+		parDBs    = fs.Bool("parallel-databases", false, "run the databases at the same time, the modes of each one by one")
 		parallel  = fs.Bool("parallel", false, "run the modes at the same time (default with --quick)")
 		dsn       = fs.String("dsn", "", "PostgreSQL DSN (default: $INBOXMILL_POSTGRES_DSN or "+DefaultDSN+")")
 		deadline  = fs.Duration("deadline", 0, "fail when the run takes longer (quick: 150s, full: 45m)")
@@ -75,8 +79,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		"kills": func() { cfg.Kills = *kills }, "db-kills": func() { cfg.DBKills = *dbKills },
 		"restarts": func() { cfg.Restarts = *restarts }, "self-kill-share": func() { cfg.SelfKillShare = *selfKill },
 		"parallel": func() { cfg.Parallel = *parallel }, "deadline": func() { cfg.Deadline = *deadline },
-		"stall": func() { cfg.Stall = *stall },
-		"modes": func() { cfg.Modes = strings.Split(*modes, ",") },
+		"stall":              func() { cfg.Stall = *stall },
+		"broker-restarts":    func() { cfg.BrokerRestarts = *brokerRe },
+		"parallel-databases": func() { cfg.ParallelDatabases = *parDBs },
+		"modes":              func() { cfg.Modes = strings.Split(*modes, ",") },
+		"databases":          func() { cfg.Databases = strings.Split(*databases, ",") },
 	}
 	for name, f := range override {
 		if set[name] {
@@ -89,6 +96,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if cfg.DSN == "" {
 		cfg.DSN = DefaultDSN
+	}
+	cfg.MySQLDSN = *mysqlDSN
+	if cfg.MySQLDSN == "" {
+		cfg.MySQLDSN = os.Getenv("INBOXMILL_MYSQL_DSN")
+	}
+	if cfg.MySQLDSN == "" {
+		cfg.MySQLDSN = DefaultMySQLDSN
 	}
 	cfg.Keep, cfg.Verbose, cfg.LogDir, cfg.Out = *keep, *verbose, *logDir, stdout
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -13,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
 )
 
@@ -26,6 +27,7 @@ const (
 	actRestart                // SIGTERM a random consumer; the supervisor starts a new one
 	actReplay                 // Kafka: start the second group, reading from the oldest offset
 	actReset                  // SQL queue: mark the first half of the acked messages unacked
+	actBroker                 // stop the broker and start a new one on the same port and data
 )
 
 type action struct {
@@ -48,7 +50,9 @@ type slot struct {
 // fault plan and tallies.
 type modeRun struct {
 	r      *runner
+	db     *database
 	mode   string
+	label  string // database/mode
 	short  string
 	rng    *rand.Rand
 	events int
@@ -67,22 +71,31 @@ type modeRun struct {
 	arms     []string
 	stopping bool
 
+	idx                  int // the mode's and the database's number, for seeds
 	nextChunk, published int
-	done                 int // effects so far, the measure of progress
+	chunkSent            int       // messages of chunks[nextChunk] already produced
+	publishFailingSince  time.Time // zero while publishing works
+	done                 int       // effects so far, the measure of progress
 
 	// tallies
 	driverKills, dbKills, dbConns, restarts, replayed int
+	brokerRestarts                                    int // planned for this mode
+	brokerDone                                        []time.Duration
 	selfKills                                         map[string]int
 	failures                                          []string
 	started                                           time.Time
 	res                                               result
 }
 
-var shortNames = map[string]string{wire.KafkaTx: "ktx", wire.KafkaReserve: "krs", wire.SQLQueue: "sqq"}
+var (
+	shortNames   = map[string]string{wire.KafkaTx: "ktx", wire.KafkaReserve: "krs", wire.SQLQueue: "sqq"}
+	shortDBNames = map[string]string{wire.Postgres: "pg", wire.MySQL: "my"}
+)
 
-func newModeRun(r *runner, mode string, events int) *modeRun {
-	idx := slices.Index(wire.Modes, mode)
-	m := &modeRun{r: r, mode: mode, short: shortNames[mode], events: events, selfKills: map[string]int{},
+func newModeRun(r *runner, db *database, mode string, events int) *modeRun {
+	idx := slices.Index(wire.Databases, db.kind)*len(wire.Modes) + slices.Index(wire.Modes, mode)
+	m := &modeRun{r: r, db: db, mode: mode, label: db.kind + "/" + mode, short: shortDBNames[db.kind] + shortNames[mode],
+		events: events, selfKills: map[string]int{}, idx: idx,
 		rng: rand.New(rand.NewPCG(r.cfg.Seed, uint64(idx)+1))}
 	prefix := "imc_" + r.id + "_" + m.short
 	m.inboxTable = prefix + "_inbox"
@@ -107,7 +120,7 @@ func (m *modeRun) kafkaTopics() []string {
 func (m *modeRun) fail(format string, a ...any) {
 	msg := fmt.Sprintf(format, a...)
 	m.failures = append(m.failures, msg)
-	m.r.printf("chaos: %s: FAIL: %s", m.mode, msg)
+	m.r.printf("chaos: %s: FAIL: %s", m.label, msg)
 }
 
 func (m *modeRun) kills() int {
@@ -128,6 +141,10 @@ func (m *modeRun) run(ctx context.Context) {
 	m.st = newStream(m.rng, m.events, partitions)
 	m.planFaults()
 	defer m.teardown()
+	if err := os.MkdirAll(m.historyDir(), 0o755); err != nil {
+		m.fail("history directory: %v", err)
+		return
+	}
 	if err := m.setup(ctx); err != nil {
 		m.fail("setup: %v", err)
 		m.res.events = m.events
@@ -138,6 +155,7 @@ func (m *modeRun) run(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	m.check(cctx)
+	m.checkLinearizable(cctx)
 	m.report()
 }
 
@@ -152,6 +170,7 @@ func (m *modeRun) planFaults() {
 	add(actKill, cfg.Kills)
 	add(actDBKill, cfg.DBKills)
 	add(actRestart, cfg.Restarts)
+	add(actBroker, m.brokerRestarts)
 	if m.isKafka() {
 		m.plan = append(m.plan, action{at: 0.5, kind: actReplay})
 	} else {
@@ -186,8 +205,8 @@ func (m *modeRun) planFaults() {
 }
 
 func (m *modeRun) setup(ctx context.Context) error {
-	db := m.r.db
-	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: m.inboxTable})
+	db := m.db.db
+	store, err := inbox.NewStore(db, m.db.dialect(), inbox.Config{Table: m.inboxTable})
 	if err != nil {
 		return err
 	}
@@ -195,10 +214,7 @@ func (m *modeRun) setup(ctx context.Context) error {
 		return fmt.Errorf("migrate the inbox: %w", err)
 	}
 	if m.mode != wire.KafkaReserve {
-		// No unique constraint on purpose: an effect that happened twice is
-		// a second row.
-		if _, err := db.ExecContext(ctx, `CREATE TABLE `+m.effectsTable+` (event_id text NOT NULL,
-			amount integer NOT NULL, consumer text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		if _, err := db.ExecContext(ctx, m.db.effectsDDL(m.effectsTable)); err != nil {
 			return err
 		}
 	}
@@ -211,9 +227,9 @@ func (m *modeRun) setup(ctx context.Context) error {
 			return err
 		}
 	case wire.SQLQueue:
-		schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
+		schema, offsets := m.db.queueSchema()
 		sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
-			SchemaAdapter: schema, OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{}}, watermill.NopLogger{})
+			SchemaAdapter: schema, OffsetsAdapter: offsets}, watermill.NopLogger{})
 		if err != nil {
 			return err
 		}
@@ -221,12 +237,7 @@ func (m *modeRun) setup(ctx context.Context) error {
 			return fmt.Errorf("create the queue table: %w", err)
 		}
 		_ = sub.Close()
-		// The queue fetches `WHERE acked = false ORDER BY "offset" LIMIT 1`
-		// and its schema indexes only "offset": every fetch walks past all
-		// the acked rows, and a queue of 30,000 messages slows to a few
-		// dozen a second. A partial index keeps a fetch constant.
-		if _, err := db.ExecContext(ctx, `CREATE INDEX `+m.queueTopic+`_unacked ON "watermill_`+m.queueTopic+
-			`" ("offset") WHERE NOT acked`); err != nil {
+		if _, err := db.ExecContext(ctx, m.db.queueIndex(m.queueTable(), m.queueTopic+"_unacked")); err != nil {
 			return fmt.Errorf("index the queue table: %w", err)
 		}
 		if m.queue, err = wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema},
@@ -245,14 +256,14 @@ func (m *modeRun) teardown() {
 		m.kafka.close()
 	}
 	if m.r.cfg.Keep {
-		m.r.printf("chaos: %s: kept tables %s", m.mode, strings.Join(m.tables(), ", "))
+		m.r.printf("chaos: %s: kept tables %s", m.label, strings.Join(m.tables(), ", "))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, t := range m.tables() {
-		if _, err := m.r.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
-			m.r.printf("chaos: %s: drop %s: %v", m.mode, t, err)
+		if _, err := m.db.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
+			m.r.printf("chaos: %s: drop %s: %v", m.label, t, err)
 		}
 	}
 }
@@ -264,10 +275,13 @@ func (m *modeRun) tables() []string {
 		t = append(t, m.effectsTable)
 	}
 	if m.mode == wire.SQLQueue {
-		t = append(t, `"watermill_`+m.queueTopic+`"`)
+		t = append(t, m.queueTable())
 	}
 	return t
 }
+
+// queueTable is the SQL queue's table, quoted.
+func (m *modeRun) queueTable() string { return m.db.quote("watermill_" + m.queueTopic) }
 
 // loop publishes, injects the planned faults and keeps the consumers
 // running until everything published is consumed by every group.
@@ -294,11 +308,20 @@ func (m *modeRun) loop(ctx context.Context) {
 		case <-tick.C:
 		}
 		if err := m.measure(ctx); err != nil && ctx.Err() == nil {
-			m.r.printf("chaos: %s: measuring progress: %v", m.mode, err)
+			m.r.printf("chaos: %s: measuring progress: %v", m.label, err)
 		}
 		if err := m.publish(ctx); err != nil && ctx.Err() == nil {
-			m.fail("publish: %v", err)
-			return
+			// The broker may be restarting (this mode's plan or another's):
+			// publishing resumes where it stopped, for up to a minute.
+			if m.publishFailingSince.IsZero() {
+				m.publishFailingSince = time.Now()
+				m.r.printf("chaos: %s: publishing failed, retrying: %v", m.label, err)
+			} else if time.Since(m.publishFailingSince) > time.Minute {
+				m.fail("publish: failing for a minute: %v", err)
+				return
+			}
+		} else {
+			m.publishFailingSince = time.Time{}
 		}
 		m.act(ctx)
 		m.supervise()
@@ -308,7 +331,7 @@ func (m *modeRun) loop(ctx context.Context) {
 			drained, n, err := m.drained(ctx)
 			behind = n
 			if err != nil && ctx.Err() == nil {
-				m.r.printf("chaos: %s: checking the consumers' progress: %v", m.mode, err)
+				m.r.printf("chaos: %s: checking the consumers' progress: %v", m.label, err)
 			}
 			if drained {
 				return
@@ -349,7 +372,7 @@ func (m *modeRun) measure(ctx context.Context) error {
 	}
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return m.r.db.QueryRowContext(qctx, `SELECT count(*) FROM `+m.effectsTable).Scan(&m.done)
+	return m.db.db.QueryRowContext(qctx, `SELECT count(*) FROM `+m.effectsTable).Scan(&m.done)
 }
 
 // publish publishes the next chunks while the consumers keep up: at most
@@ -362,18 +385,23 @@ func (m *modeRun) publish(ctx context.Context) error {
 		if k > 0 && m.st.originals[k-1]-m.done > window {
 			return nil
 		}
-		chunk := m.st.chunks[k]
-		var err error
+		chunk := m.st.chunks[k][m.chunkSent:]
+		var (
+			sent int
+			err  error
+		)
 		if m.isKafka() {
-			err = m.kafka.produce(m.topic, chunk)
+			sent, err = m.kafka.produce(m.topic, chunk)
 		} else {
-			err = m.publishQueue(chunk)
+			sent, err = m.publishQueue(chunk)
 		}
+		m.chunkSent += sent
+		m.published += sent
 		if err != nil {
 			return err
 		}
 		m.nextChunk++
-		m.published += len(chunk)
+		m.chunkSent = 0
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -381,7 +409,9 @@ func (m *modeRun) publish(ctx context.Context) error {
 	return nil
 }
 
-func (m *modeRun) publishQueue(chunk []streamMsg) error {
+// publishQueue publishes chunk in batches and returns how many messages
+// were published.
+func (m *modeRun) publishQueue(chunk []streamMsg) (int, error) {
 	const batch = 500
 	for start := 0; start < len(chunk); start += batch {
 		msgs := make([]*message.Message, 0, batch)
@@ -392,10 +422,10 @@ func (m *modeRun) publishQueue(chunk []streamMsg) error {
 			msgs = append(msgs, msg)
 		}
 		if err := m.queue.Publish(m.queueTopic, msgs...); err != nil {
-			return fmt.Errorf("publish to the queue: %w", err)
+			return start, fmt.Errorf("publish to the queue: %w", err)
 		}
 	}
-	return nil
+	return len(chunk), nil
 }
 
 // act injects the faults whose point of progress has come. A fault that
@@ -441,9 +471,9 @@ func (m *modeRun) inject(ctx context.Context, kind actKind) bool {
 			targets = live // every consumer of the mode at once
 		}
 		for _, s := range targets {
-			n, err := m.terminateBackends(ctx, s.app)
+			n, err := m.db.cutConnections(ctx, s.app, s.cur)
 			if err != nil {
-				m.r.printf("chaos: %s: pg_terminate_backend for %s: %v", m.mode, s.app, err)
+				m.r.printf("chaos: %s: cutting the connections of %s: %v", m.label, s.app, err)
 			}
 			m.dbConns += n
 		}
@@ -455,43 +485,25 @@ func (m *modeRun) inject(ctx context.Context, kind actKind) bool {
 				m.startConsumer(s)
 			}
 		}
+	case actBroker:
+		took, err := m.r.restartBroker(ctx)
+		if err != nil {
+			m.fail("broker restart: %v", err)
+			return true
+		}
+		m.brokerDone = append(m.brokerDone, took)
+		m.r.printf("chaos: %s: broker restarted at %d/%d effects (down %v)", m.label, m.done, m.events, took.Round(time.Millisecond))
 	case actReset:
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		table := `"watermill_` + m.queueTopic + `"`
-		res, err := m.r.db.ExecContext(qctx, `UPDATE `+table+` SET acked = false WHERE acked AND "offset" <=
-			(SELECT max("offset") / 2 FROM `+table+` WHERE acked)`)
+		n, err := m.db.resetQueue(qctx, m.queueTable())
 		if err != nil {
-			m.r.printf("chaos: %s: offset reset: %v", m.mode, err)
+			m.r.printf("chaos: %s: offset reset: %v", m.label, err)
 			return ctx.Err() != nil
 		}
-		n, _ := res.RowsAffected()
 		m.replayed = int(n)
 	}
 	return true
-}
-
-// terminateBackends ends every database connection of one consumer, as a
-// failover or an operator would.
-func (m *modeRun) terminateBackends(ctx context.Context, app string) (int, error) {
-	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	rows, err := m.r.db.QueryContext(qctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	n := 0
-	for rows.Next() {
-		var ok bool
-		if err := rows.Scan(&ok); err != nil {
-			return n, err
-		}
-		if ok {
-			n++
-		}
-	}
-	return n, rows.Err()
 }
 
 // startConsumer starts the slot's next process; some are told to kill
@@ -499,14 +511,15 @@ func (m *modeRun) terminateBackends(ctx context.Context, app string) (int, error
 func (m *modeRun) startConsumer(s *slot) {
 	cfg := m.r.cfg
 	s.incarnation++
-	name := fmt.Sprintf("%s/c%d#%d", m.mode, s.idx, s.incarnation)
+	name := fmt.Sprintf("%s/c%d#%d", m.label, s.idx, s.incarnation)
 	pool := 4
 	if m.mode == wire.SQLQueue {
 		pool = 3
 	}
-	args := []string{"-mode", m.mode, "-dsn", cfg.DSN, "-app", s.app, "-name", fmt.Sprintf("c%d.%d", s.idx, s.incarnation),
+	args := []string{"-mode", m.mode, "-db", m.db.kind, "-dsn", m.db.dsn, "-app", s.app, "-name", fmt.Sprintf("c%d.%d", s.idx, s.incarnation),
 		"-brokers", strings.Join(m.r.brokers, ","), "-poison-topic", m.poisonTopic, "-inbox-table", m.inboxTable,
-		"-pool", fmt.Sprint(pool), "-lifeline"}
+		"-pool", fmt.Sprint(pool), "-lifeline",
+		"-history", filepath.Join(m.historyDir(), strings.NewReplacer("/", "_", "#", "_").Replace(name)+".jsonl")}
 	switch m.mode {
 	case wire.KafkaTx:
 		args = append(args, "-topic", m.topic, "-group", s.group, "-effects-table", m.effectsTable)
@@ -519,7 +532,7 @@ func (m *modeRun) startConsumer(s *slot) {
 	// that the same process of the same run is told the same whatever the
 	// timing: "c2's third process dies at mid-handler after 37 deliveries".
 	var armed string
-	arm := rand.New(rand.NewPCG(cfg.Seed, uint64(slices.Index(wire.Modes, m.mode))<<40|uint64(s.idx)<<20|uint64(s.incarnation)))
+	arm := rand.New(rand.NewPCG(cfg.Seed, uint64(m.idx)<<40|uint64(s.idx)<<20|uint64(s.incarnation)))
 	if arm.Float64() < cfg.SelfKillShare {
 		point := m.arms[(s.idx+s.incarnation)%len(m.arms)]
 		after := cfg.DieAfter[0] + arm.IntN(cfg.DieAfter[1]-cfg.DieAfter[0]+1)
@@ -581,7 +594,7 @@ func (m *modeRun) drained(ctx context.Context) (bool, int64, error) {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		var n int64
-		err := m.r.db.QueryRowContext(qctx, `SELECT count(*) FROM "watermill_`+m.queueTopic+`" WHERE NOT acked`).Scan(&n)
+		err := m.db.db.QueryRowContext(qctx, `SELECT count(*) FROM `+m.queueTable()+` WHERE NOT acked`).Scan(&n)
 		return err == nil && n == 0, n, err
 	}
 	var total int64

@@ -32,8 +32,9 @@ type proc struct {
 	stats     wire.Stats
 	bye       bool
 	listen    string
-	sigkilled bool // SIGKILL sent by the driver
-	termed    bool // SIGTERM sent by the driver
+	conns     []int64 // database connection IDs the consumer reported
+	sigkilled bool    // SIGKILL sent by the driver
+	termed    bool    // SIGTERM sent by the driver
 	state     *os.ProcessState
 	readyOnce sync.Once
 }
@@ -146,6 +147,11 @@ func (p *proc) line(l string) {
 		}
 	case wire.LineBye:
 		p.bye = true
+	case wire.LineConn:
+		var id int64
+		if _, err := fmt.Sscan(rest, &id); err == nil {
+			p.conns = append(p.conns, id)
+		}
 	}
 }
 
@@ -156,6 +162,27 @@ func (p *proc) exited() bool {
 	default:
 		return false
 	}
+}
+
+// listenAddr is the address of a broker's LISTEN line.
+func (p *proc) listenAddr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.listen
+}
+
+// exitState is the reaped process's state, nil while it runs.
+func (p *proc) exitState() *os.ProcessState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state
+}
+
+// connIDs returns the database connection IDs the consumer reported.
+func (p *proc) connIDs() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int64(nil), p.conns...)
 }
 
 // kill sends SIGKILL, remembering that the driver did.

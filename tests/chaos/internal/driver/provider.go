@@ -133,7 +133,7 @@ func (p *provider) record(key string, req wire.ChargeRequest, deadline int64) (w
 		return wire.Charge{}, false
 	}
 	c := wire.Charge{ID: fmt.Sprintf("ch_%07d", len(p.charges)+1), IdempotencyKey: key, EventID: req.EventID,
-		Amount: req.Amount}
+		Amount: req.Amount, CreatedAt: time.Now().UnixNano()}
 	p.charges = append(p.charges, c)
 	p.byKey[key] = append(p.byKey[key], c)
 	return c, true

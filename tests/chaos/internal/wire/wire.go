@@ -5,6 +5,8 @@
 package wire
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"strings"
@@ -139,6 +141,8 @@ type Charge struct {
 	IdempotencyKey string `json:"idempotency_key"`
 	EventID        string `json:"event_id"`
 	Amount         int    `json:"amount"`
+	// CreatedAt is when the provider charged (Unix nanoseconds).
+	CreatedAt int64 `json:"created_at"`
 }
 
 // KafkaVersion is the protocol version every chaos client speaks.
@@ -183,4 +187,81 @@ func WithApplicationName(dsn, name string) (string, error) {
 		return u.String(), nil
 	}
 	return strings.TrimSpace(dsn) + " application_name=" + name, nil
+}
+
+// Databases: where the inbox, the business table and the SQL queue live.
+const (
+	// Postgres: PostgreSQL through pgx; the driver cuts a consumer's
+	// connections with pg_terminate_backend by application_name.
+	Postgres = "postgres"
+	// MySQL: MySQL or MariaDB through go-sql-driver/mysql; the driver cuts a
+	// consumer's connections with KILL by the connection IDs the consumer
+	// reports (LineConn), since MariaDB shows connection attributes only with
+	// performance_schema, which is off by default.
+	MySQL = "mysql"
+)
+
+// Databases lists every database, in the order the driver runs them.
+var Databases = []string{Postgres, MySQL}
+
+// ValidDatabase reports whether d is one of Databases.
+func ValidDatabase(d string) bool {
+	for _, e := range Databases {
+		if d == e {
+			return true
+		}
+	}
+	return false
+}
+
+// SQLDriver is the database/sql driver name of a database.
+func SQLDriver(db string) string {
+	if db == MySQL {
+		return "mysql"
+	}
+	return "pgx"
+}
+
+// LineConn is followed by the server's ID of a database connection the
+// consumer just opened (MySQL: CONNECTION_ID()).
+const LineConn = "CONN"
+
+// History operations: what a consumer appends to its history file, one
+// JSON object (HistoryOp) a line, and what the driver adds from the
+// business table or the provider's ledger (OpEffect).
+const (
+	// OpClaim: the handler started for a delivery; the middleware claimed
+	// the event (Call: the delivery reached the middleware).
+	OpClaim = "claim"
+	// OpCommit: the middleware returned success for a delivery whose
+	// handler ran: it committed the effect (or recorded its outcome).
+	OpCommit = "commit"
+	// OpAck: the middleware returned success to the router, which acks the
+	// message: the event's effect is done, with this payload.
+	OpAck = "ack"
+	// OpEffect: the effect itself (a row in the business table, a charge
+	// at the provider), from the database or the ledger.
+	OpEffect = "effect"
+)
+
+// HistoryOp is one operation of the history. Times are Unix nanoseconds.
+// Open marks an operation whose completion the consumer cannot observe:
+// in sql-queue mode the queue commits the consuming transaction, and with
+// it the effect and the inbox record, only after the router's ack, so a
+// commit or an ack there is only known to have started.
+type HistoryOp struct {
+	Op   string `json:"op"`
+	Key  string `json:"key"`
+	Hash string `json:"hash"`
+	Call int64  `json:"call"`
+	Ret  int64  `json:"ret"`
+	Open bool   `json:"open,omitempty"`
+	By   string `json:"by,omitempty"`
+}
+
+// PayloadHash identifies an event's business payload: what the
+// middleware's fingerprint covers (sent_at is left out).
+func PayloadHash(eventID string, amount int) string {
+	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d", eventID, amount))
+	return hex.EncodeToString(h[:8])
 }
