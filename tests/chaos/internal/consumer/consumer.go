@@ -133,9 +133,15 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if cfg.lifeline {
+		// Its own cancel, not stop: stop would unregister the handler, and a
+		// SIGTERM arriving after the lifeline ended would then kill the
+		// process instead of closing its router.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
 		go func() {
 			_, _ = io.Copy(io.Discard, stdin)
-			stop()
+			cancel()
 		}()
 	}
 	out := &lines{w: stdout}
@@ -185,6 +191,9 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 	pubCfg.Version = wire.KafkaVersion
 	pubCfg.ClientID = cfg.app
 	pubCfg.Metadata.Retry.Backoff = 100 * time.Millisecond
+	// A consumer may start while the broker restarts (down for up to about
+	// two seconds): keep asking for metadata for ten, not three tries.
+	pubCfg.Metadata.Retry.Max = 100
 	poisonPub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers: brokers, Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: pubCfg,
 	}, logger)
