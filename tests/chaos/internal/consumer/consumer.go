@@ -130,15 +130,19 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	// The handler stays registered until the process exits: unregistered
+	// (signal.NotifyContext's stop), a SIGTERM arriving after the router
+	// closed for another reason — the lifeline ended — would kill the
+	// process before it reports BYE and exits 0.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-sigs
+		cancel()
+	}()
 	if cfg.lifeline {
-		// Its own cancel, not stop: stop would unregister the handler, and a
-		// SIGTERM arriving after the lifeline ended would then kill the
-		// process instead of closing its router.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
 		go func() {
 			_, _ = io.Copy(io.Discard, stdin)
 			cancel()
