@@ -85,8 +85,9 @@ func benchDedup(b *testing.B, kind testdb.Kind, duplicate bool) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		_, _ = e.db.Exec("DROP TABLE IF EXISTS " + table)
-		_, _ = e.db.Exec("DROP TABLE IF EXISTS " + table + "_migrations")
+		for _, t := range inbox.TableNames(table) {
+			_, _ = e.db.Exec("DROP TABLE IF EXISTS " + t)
+		}
 	})
 	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "bench"})
 	if err != nil {

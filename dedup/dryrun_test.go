@@ -59,7 +59,7 @@ func setupDryRun(t *testing.T, kind testdb.Kind, retention time.Duration) *dryRu
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
 	t.Cleanup(func() {
-		for _, tbl := range []string{table, table + "_migrations"} {
+		for _, tbl := range inbox.TableNames(table) {
 			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
 		}
 	})

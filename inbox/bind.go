@@ -21,6 +21,16 @@ type params struct {
 	limit                                        int
 	version                                      int
 	name, lockName                               string
+	byScope                                      bool
+	after                                        ID // keyset scans continue after this key
+	audit                                        auditParams
+}
+
+// auditParams are the values of an audit entry.
+type auditParams struct {
+	id, actor, action, reason, beforeJSON string
+	statusBefore, statusAfter             Status
+	attemptBefore, affected               int64
 }
 
 // stmt is a rendered query ready to run: its SQL and its args' order.
@@ -88,6 +98,35 @@ func (s *Store) arg(a Arg, p *params) any {
 		return p.name
 	case ArgLockName:
 		return p.lockName
+	case ArgByScope:
+		if p.byScope {
+			return 1
+		}
+		return 0
+	case ArgAfterScope:
+		return p.after.Scope
+	case ArgAfterOperation:
+		return p.after.Operation
+	case ArgAfterKey:
+		return p.after.Key
+	case ArgAuditID:
+		return p.audit.id
+	case ArgActor:
+		return p.audit.actor
+	case ArgReason:
+		return p.audit.reason
+	case ArgAction:
+		return p.audit.action
+	case ArgStatusBefore:
+		return string(p.audit.statusBefore)
+	case ArgAttemptBefore:
+		return p.audit.attemptBefore
+	case ArgStatusAfter:
+		return string(p.audit.statusAfter)
+	case ArgBeforeJSON:
+		return p.audit.beforeJSON
+	case ArgAffected:
+		return p.audit.affected
 	}
 	// NewStore checked every query's args.
 	panic(fmt.Sprintf("inbox: unknown %v", a))
@@ -108,6 +147,10 @@ type queries struct {
 	createMigrations, migrationsExist, selectMigrations, selectMigration   stmt
 	insertMigration, deleteMigration, dropMigrations, lockMigrations       stmt
 	unlockMigrations                                                       stmt
+
+	listRecords, selectKeys, countByOperation, oldestPending, oldestExpiredLease stmt
+	countPurgeable, selectForUpdate, resolve, forget                             stmt
+	insertAudit, updateAuditCount, listAudit                                     stmt
 }
 
 func loadQueries(q Queries) (queries, error) {
@@ -149,5 +192,17 @@ func loadQueries(q Queries) (queries, error) {
 	get(&out.dropMigrations, "DropMigrationsTable", q.DropMigrationsTable())
 	get(&out.lockMigrations, "LockMigrations", q.LockMigrations())
 	get(&out.unlockMigrations, "UnlockMigrations", q.UnlockMigrations())
+	get(&out.listRecords, "ListRecords", q.ListRecords())
+	get(&out.selectKeys, "SelectKeys", q.SelectKeys())
+	get(&out.countByOperation, "CountByOperation", q.CountByOperation())
+	get(&out.oldestPending, "OldestPending", q.OldestPending())
+	get(&out.oldestExpiredLease, "OldestExpiredLease", q.OldestExpiredLease())
+	get(&out.countPurgeable, "CountPurgeable", q.CountPurgeable())
+	get(&out.selectForUpdate, "SelectForUpdate", q.SelectForUpdate())
+	get(&out.resolve, "Resolve", q.Resolve())
+	get(&out.forget, "Forget", q.Forget())
+	get(&out.insertAudit, "InsertAudit", q.InsertAudit())
+	get(&out.updateAuditCount, "UpdateAuditCount", q.UpdateAuditCount())
+	get(&out.listAudit, "ListAudit", q.ListAudit())
 	return out, joinErrs(errs)
 }

@@ -115,12 +115,44 @@ const (
 	ArgName
 	// ArgLockName names the lock that keeps migrating processes apart.
 	ArgLockName
+	// ArgByScope is 1 when a listing keeps only the records of ArgScope,
+	// 0 when it keeps every scope.
+	ArgByScope
+	// ArgAfterScope, ArgAfterOperation and ArgAfterKey are the primary key
+	// a keyset scan continues after; all "" to start at the beginning
+	// (every record's key sorts after it: operation and key are never
+	// empty).
+	ArgAfterScope
+	ArgAfterOperation
+	ArgAfterKey
+	// ArgAuditID identifies an audit entry: text that sorts in time order.
+	// In a listing it is the entry to continue after ("" for the newest).
+	ArgAuditID
+	// ArgActor and ArgReason are who took an operator action and why.
+	ArgActor
+	ArgReason
+	// ArgAction is an audit entry's action: "resolve", "forget" or
+	// "purge" ("" for any, in a listing).
+	ArgAction
+	// ArgStatusBefore, ArgAttemptBefore and ArgStatusAfter are the
+	// record's status and attempt before an operator action and its status
+	// after; the statuses are "" for none (stored as NULL).
+	ArgStatusBefore
+	ArgAttemptBefore
+	ArgStatusAfter
+	// ArgBeforeJSON is the JSON snapshot of the record before an operator
+	// action; "" for none (stored as NULL).
+	ArgBeforeJSON
+	// ArgAffected is how many records an operator action affected.
+	ArgAffected
 	argEnd
 )
 
 var argNames = [...]string{"", "scope", "operation", "key", "payload_hash", "status", "from_status", "attempt",
 	"lease_owner", "lease_until", "result", "resource_id", "correlation_id", "external_ref", "error",
-	"created_at", "updated_at", "expires_at", "now", "before", "limit", "version", "name", "lock_name"}
+	"created_at", "updated_at", "expires_at", "now", "before", "limit", "version", "name", "lock_name",
+	"by_scope", "after_scope", "after_operation", "after_key", "audit_id", "actor", "reason", "action",
+	"status_before", "attempt_before", "status_after", "before_json", "affected"}
 
 func (a Arg) String() string {
 	if a > 0 && a < argEnd {
@@ -214,6 +246,67 @@ type Queries interface {
 	LockMigrations() Query
 	// UnlockMigrations releases that lock. Args: lock name.
 	UnlockMigrations() Query
+
+	// The statements of the operator tools. They run rarely, on the
+	// store's own database; scans may read the whole table.
+
+	// ListRecords lists records in primary-key order (scope, operation,
+	// key) after the key ArgAfterScope, ArgAfterOperation, ArgAfterKey,
+	// keeping those whose status is ArgStatus ("" for any), whose
+	// operation is ArgOperation ("" for any), whose scope is ArgScope
+	// when ArgByScope is 1, created before ArgBefore (NULL for any time)
+	// and whose attempt is above ArgAttempt. Args: those, and limit.
+	ListRecords() Query
+	// SelectKeys lists the primary keys (scope, operation, key columns)
+	// after the key ArgAfterScope, ArgAfterOperation, ArgAfterKey, in
+	// primary-key order, of operation ArgOperation ("" for any). Args:
+	// those, and limit.
+	SelectKeys() Query
+	// CountByOperation counts the records by operation and status.
+	// Columns: operation, status, count.
+	CountByOperation() Query
+	// OldestPending returns the least recently created pending record (no
+	// row when none).
+	OldestPending() Query
+	// OldestExpiredLease returns the least recently created processing
+	// record whose lease expired (lease_until NULL or before ArgNow); no
+	// row when none. Args: now.
+	OldestExpiredLease() Query
+	// CountPurgeable counts the finished records whose expires_at is
+	// before ArgBefore: what a purge then deletes. Args: before.
+	CountPurgeable() Query
+	// SelectForUpdate reads one record inside a transaction and keeps
+	// other writers off it until the transaction ends (a row lock; SQLite,
+	// which has one writer at a time, reads plainly). Args: the ID.
+	SelectForUpdate() Query
+	// Resolve moves a record at attempt ArgAttempt in status
+	// ArgFromStatus to ArgStatus, unless it is processing under a lease
+	// that runs until ArgNow or later: the WHERE clause has "status =
+	// 'pending' OR lease_until IS NULL OR lease_until < now". It drops the
+	// lease, stores the error (NULL for ""), the external ref unless
+	// ArgExternalRef is "" (keeping the stored one), updated at, and
+	// expires at as given (NULL: never). Args: those, and the ID.
+	Resolve() Query
+	// Forget deletes a record at attempt ArgAttempt in status
+	// ArgFromStatus unless it is processing under a lease that runs until
+	// ArgNow or later. Args: the ID, attempt, from status, now.
+	Forget() Query
+	// InsertAudit adds an entry to "<table>_audit". Args: audit ID, now
+	// (the entry's time), actor, action, the ID (the record's; all ""
+	// for none), status before, attempt before, status after, reason,
+	// before JSON and affected.
+	InsertAudit() Query
+	// UpdateAuditCount sets the affected count of an audit entry (a
+	// purge's running total). Args: affected, audit ID.
+	UpdateAuditCount() Query
+	// ListAudit lists audit entries, newest (greatest audit ID) first,
+	// older than ArgAuditID ("" for the newest), of the record ArgScope,
+	// ArgOperation, ArgKey when ArgOperation is not "" (every entry when
+	// it is), of action ArgAction ("" for any). Columns: audit ID, time,
+	// actor, action, scope, operation, key, status before, attempt
+	// before, status after, reason, before JSON, affected. Args: those,
+	// and limit.
+	ListAudit() Query
 }
 
 // RecordColumns is the select list of every query that returns records,

@@ -121,8 +121,8 @@ func annotate(d inbox.Dialect, q inbox.Query) string {
 }
 
 var (
-	// column = :arg, also inside NULLIF( and COALESCE(.
-	assignment = regexp.MustCompile("[`\"]?(\\w+)[`\"]?\\s*(?:=|<|>)\\s*(?:COALESCE\\(|NULLIF\\()*:(\\w+)")
+	// column = :arg, also inside NULLIF(, COALESCE( and CAST(.
+	assignment = regexp.MustCompile("[`\"]?(\\w+)[`\"]?\\s*(?:=|<|>)\\s*(?:COALESCE\\(|NULLIF\\(|CAST\\()*:(\\w+)")
 	insert     = regexp.MustCompile(`(?s)INSERT[^(]*\(([^)]*)\)\s*VALUES\s*\((.*)`)
 	argRef     = regexp.MustCompile(`:(\w+)`)
 )
@@ -137,6 +137,11 @@ func checkBindings(t *testing.T, name, sql string) {
 		"lease_until": {"lease_until", "now"},
 		"expires_at":  {"expires_at", "before"},
 		"updated_at":  {"updated_at", "before"},
+		"created_at":  {"created_at", "before"},
+		// Keyset scans continue after a key.
+		"scope":     {"scope", "after_scope"},
+		"operation": {"operation", "after_operation"},
+		"key":       {"key", "after_key"},
 	}
 	for _, m := range assignment.FindAllStringSubmatch(sql, -1) {
 		col, arg := m[1], m[2]
@@ -154,7 +159,7 @@ func checkBindings(t *testing.T, name, sql string) {
 			c = strings.Trim(strings.TrimSpace(c), "`\"")
 			for _, ref := range argRef.FindAllStringSubmatch(vals[i], -1) {
 				want := c
-				if c == "applied_at" {
+				if c == "applied_at" || c == "logged_at" {
 					want = "now"
 				}
 				require.Equal(t, want, ref[1], "%s: column %s gets :%s in %s", name, c, ref[1], sql)

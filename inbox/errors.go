@@ -94,3 +94,21 @@ func (e *ConflictError) Unwrap() error { return ErrPayloadConflict }
 // which means the database ended it; nothing more may be written through
 // it (see [Store.WithSavepoint]).
 var ErrTxAborted = errors.New("inbox: the transaction was aborted")
+
+var (
+	// ErrLeaseLive: the record is processing under a lease that has not
+	// run out; an operator action never touches it (its worker may still
+	// complete it). Wait for the lease to expire, or for the worker.
+	ErrLeaseLive = errors.New("inbox: the record is processing under a live lease")
+
+	// ErrNotResolvable: the record's status does not allow the operator
+	// action asked for, such as resolving a record that is already
+	// completed or failed.
+	ErrNotResolvable = errors.New("inbox: the record's status does not allow this")
+
+	// ErrInvalidParams: the parameters of an operator action are unusable
+	// (a missing actor or reason, text that is not storable, a target
+	// status that is not completed or failed, a malformed cursor). Nothing
+	// was sent to the database.
+	ErrInvalidParams = errors.New("inbox: invalid parameters")
+)

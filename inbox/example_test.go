@@ -159,6 +159,7 @@ func ExampleStore_Migrations() {
 	}
 	// Output:
 	// 001_create_inbox
+	// 002_create_audit
 }
 
 // Table names are checked before they reach any SQL.
@@ -167,4 +168,101 @@ func ExampleNewStore_invalidTable() {
 	fmt.Println(errors.Is(err, inbox.ErrInvalidConfig))
 	// Output:
 	// true
+}
+
+// Settling an intent whose outcome was uncertain: the worker timed out
+// after the request left and left the record pending; an operator who
+// checked with the provider resolves it as completed. A dry run first
+// shows what would change. The resolve and its audit entry commit
+// together, and a redelivery is a duplicate from then on.
+func ExampleStore_Resolve() {
+	store, done := exampleStore()
+	defer done()
+	ctx := context.Background()
+	charge := inbox.ID{Scope: "tenant-1", Operation: "charge", Key: "invoice-7"}
+	h := sha256.Sum256([]byte(`{"amount":1200}`))
+	res, err := store.Reserve(ctx, inbox.ReserveParams{ID: charge, PayloadHash: h[:], Owner: "worker-1",
+		Lease: time.Minute, Retention: 30 * 24 * time.Hour})
+	if err != nil {
+		panic(err)
+	}
+	if err := res.Lease.Pend(ctx, "", "provider timed out"); err != nil {
+		panic(err)
+	}
+
+	p := inbox.ResolveParams{
+		ID:          charge,
+		To:          inbox.StatusCompleted,
+		Attempt:     res.Lease.Attempt(), // the attempt the operator looked at
+		Actor:       inbox.Actor{Name: "alice", Reason: "OPS-42: the provider shows ch_123 as paid"},
+		ExternalRef: "ch_123",
+		DryRun:      true,
+	}
+	before, after, err := store.Resolve(ctx, p)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("dry run:", before.Status, "->", after.Status, after.ExternalRef)
+
+	p.DryRun = false
+	if _, _, err := store.Resolve(ctx, p); err != nil {
+		panic(err)
+	}
+	_, _, err = store.Resolve(ctx, p)
+	fmt.Println("again:", errors.Is(err, inbox.ErrNotResolvable))
+
+	entries, _, err := store.ListAudit(ctx, inbox.AuditFilter{Record: &charge})
+	if err != nil {
+		panic(err)
+	}
+	for _, e := range entries {
+		fmt.Println("audit:", e.Action, e.StatusBefore, "->", e.StatusAfter, "by", e.Actor)
+	}
+	again, err := store.Reserve(ctx, inbox.ReserveParams{ID: charge, PayloadHash: h[:], Owner: "worker-2", Lease: time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("redelivery:", again.Record.Status, again.Record.ExternalRef)
+	// Output:
+	// dry run: pending -> completed ch_123
+	// again: true
+	// audit: resolve pending -> completed by alice
+	// redelivery: completed ch_123
+}
+
+// Forgetting an intent so that its next delivery runs again: never while
+// a worker holds it under a live lease.
+func ExampleStore_Forget() {
+	store, done := exampleStore()
+	defer done()
+	ctx := context.Background()
+	ship := inbox.ID{Operation: "ship", Key: "order-9"}
+	h := sha256.Sum256([]byte(`{"order":9}`))
+	res, err := store.Reserve(ctx, inbox.ReserveParams{ID: ship, PayloadHash: h[:], Owner: "worker-1", Lease: time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	actor := inbox.Actor{Name: "bob", Reason: "OPS-43: the shipment was cancelled by hand"}
+
+	_, err = store.Forget(ctx, inbox.ForgetParams{ID: ship, Actor: actor})
+	fmt.Println("while leased:", errors.Is(err, inbox.ErrLeaseLive))
+
+	if err := res.Lease.Fail(ctx, "carrier refused"); err != nil {
+		panic(err)
+	}
+	rec, err := store.Forget(ctx, inbox.ForgetParams{ID: ship, Attempt: res.Record.Attempt, Actor: actor})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("forgot a", rec.Status, "record")
+
+	claim, err := store.Reserve(ctx, inbox.ReserveParams{ID: ship, PayloadHash: h[:], Owner: "worker-2", Lease: time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("next delivery runs again:", claim.Lease != nil)
+	// Output:
+	// while leased: true
+	// forgot a failed record
+	// next delivery runs again: true
 }

@@ -53,8 +53,11 @@ func TestMigrationsRenderEveryIdentifier(t *testing.T) {
 
 	ms, err := inbox.LoadMigrations(mysql.Dialect().Migrations(), "acme")
 	require.NoError(t, err)
-	require.Len(t, ms, 2)
+	require.Len(t, ms, 3)
 	require.Equal(t, "status_updated_index", ms[1].Name)
+	require.Equal(t, "create_audit", ms[2].Name)
+	require.Contains(t, ms[2].Up, "CREATE TABLE IF NOT EXISTS `acme_audit`")
+	require.Contains(t, ms[2].Down, "DROP TABLE IF EXISTS `acme_audit`")
 	require.Contains(t, ms[1].Up, "table_name = 'acme'")
 	require.Contains(t, ms[1].Up, "ADD INDEX `acme_status_updated_idx` (status, updated_at)")
 	require.Contains(t, ms[1].Up, "DROP INDEX `acme_status_lease_idx`")
@@ -119,6 +122,7 @@ func TestMySQLStatusIndex(t *testing.T) {
 	table := testdb.UniqueName("inbox")
 	t.Cleanup(func() {
 		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_audit")
 		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_migrations")
 	})
 	store, err := inbox.NewStore(db, mysql.Dialect(), inbox.Config{Table: table})
@@ -173,7 +177,7 @@ GROUP BY index_name`, table)
 	}
 
 	require.NoError(t, store.Migrate(ctx))
-	applied(t, 1, 2)
+	applied(t, 1, 2, 3)
 	require.Equal(t, migrated, indexes(t))
 
 	// Records in every status survive the round trips below.
@@ -187,7 +191,7 @@ GROUP BY index_name`, table)
 	t.Run("CrashBeforeRecording", func(t *testing.T) {
 		forget2(t)
 		require.NoError(t, store.Migrate(ctx))
-		applied(t, 1, 2)
+		applied(t, 1, 2, 3)
 		require.Equal(t, migrated, indexes(t))
 	})
 
@@ -197,7 +201,7 @@ GROUP BY index_name`, table)
 		require.NoError(t, err)
 		forget2(t)
 		require.NoError(t, store.Migrate(ctx))
-		applied(t, 1, 2)
+		applied(t, 1, 2, 3)
 		require.Equal(t, migrated, indexes(t))
 	})
 
@@ -208,10 +212,10 @@ GROUP BY index_name`, table)
 		require.Equal(t, version1, indexes(t))
 
 		// The down file leaves the runner's record alone, as 001's does.
-		applied(t, 1, 2)
+		applied(t, 1, 2, 3)
 		forget2(t)
 		require.NoError(t, store.Migrate(ctx))
-		applied(t, 1, 2)
+		applied(t, 1, 2, 3)
 		require.Equal(t, migrated, indexes(t))
 
 		runFile(t, "002_status_updated_index.up.sql")

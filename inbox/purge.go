@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,12 +28,27 @@ type PurgeParams struct {
 	// the previous batch took, which gives the purge at most half of the
 	// write time; -1 rests not at all.
 	Pause time.Duration
+	// Audit, when set, records the run in the audit table as one entry
+	// (action "purge") by this actor: each batch then runs in a
+	// transaction that also inserts the entry (the first batch) or updates
+	// its count to the running total (later ones), so that however the run
+	// ends — finished, cancelled between batches, failed — the entry counts
+	// exactly the records its committed batches deleted. A run that finds
+	// nothing to delete is recorded too, with a count of 0. An unusable
+	// actor is refused with [ErrInvalidParams] before anything is deleted.
+	Audit *Actor
+	// Progress, when set, is called after each committed batch with the
+	// totals so far, on the goroutine that called Purge.
+	Progress func(PurgeResult)
 }
 
 // PurgeResult reports what [Store.Purge] did.
 type PurgeResult struct {
 	Deleted int64
 	Batches int
+	// AuditID is the run's audit entry (PurgeParams.Audit); "" when none
+	// was written.
+	AuditID string
 }
 
 // Purge deletes expired completed and failed records in batches. It never
@@ -41,6 +57,11 @@ type PurgeResult struct {
 // of it runs again, which is why retention must outlast every redelivery
 // and replay horizon.
 func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
+	if p.Audit != nil {
+		if err := invalidParams("purge", p.Audit.check()); err != nil {
+			return PurgeResult{}, err
+		}
+	}
 	if p.Before.IsZero() {
 		p.Before = s.now()
 	}
@@ -53,16 +74,23 @@ func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
 			return r, err
 		}
 		start := time.Now()
-		res, err := s.exec(ctx, s.db, s.q.purge, &params{before: p.Before, limit: p.BatchSize})
-		if err != nil {
-			return r, fmt.Errorf("inbox: purge: %w", s.Classify(err))
+		var (
+			n   int64
+			err error
+		)
+		if p.Audit == nil {
+			n, err = s.purgeBatch(ctx, s.db, p)
+		} else {
+			n, err = s.auditedPurgeBatch(ctx, p, &r)
 		}
-		n, err := res.RowsAffected()
 		if err != nil {
-			return r, fmt.Errorf("inbox: purge: rows affected: %w", s.Classify(err))
+			return r, withCtxErr(ctx, err)
 		}
 		r.Batches++
 		r.Deleted += n
+		if p.Progress != nil {
+			p.Progress(r)
+		}
 		if n < int64(p.BatchSize) {
 			break
 		}
@@ -79,6 +107,67 @@ func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
 		}
 	}
 	return r, nil
+}
+
+// purgeBatch deletes one batch through q.
+func (s *Store) purgeBatch(ctx context.Context, q DBTX, p PurgeParams) (int64, error) {
+	res, err := s.exec(ctx, q, s.q.purge, &params{before: p.Before, limit: p.BatchSize})
+	if err != nil {
+		return 0, fmt.Errorf("inbox: purge: %w", s.Classify(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("inbox: purge: rows affected: %w", s.Classify(err))
+	}
+	return n, nil
+}
+
+// auditedPurgeBatch deletes one batch in a transaction that also writes
+// the run's audit entry: inserted by the first batch (r.AuditID is then
+// set), its count updated by later ones that deleted anything.
+func (s *Store) auditedPurgeBatch(ctx context.Context, p PurgeParams, r *PurgeResult) (_ int64, err error) {
+	tx, err := s.db.BeginTx(txContext(ctx), nil)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: purge: begin: %w", s.Classify(err))
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	n, err := s.purgeBatch(ctx, tx, p)
+	if err != nil {
+		return 0, err
+	}
+	id := r.AuditID
+	switch {
+	case id == "":
+		now := s.now()
+		id = newAuditID(now)
+		_, err = s.exec(ctx, tx, s.q.insertAudit, &params{now: now, audit: auditParams{
+			id: id, actor: p.Audit.Name, action: ActionPurge, reason: p.Audit.Reason, affected: r.Deleted + n,
+		}})
+	case n > 0:
+		var res sql.Result
+		res, err = s.exec(ctx, tx, s.q.updateAuditCount, &params{audit: auditParams{id: id, affected: r.Deleted + n}})
+		if err == nil {
+			// The count changes, so even MySQL without CLIENT_FOUND_ROWS
+			// counts the row.
+			if m, rerr := res.RowsAffected(); rerr != nil {
+				err = rerr
+			} else if m != 1 {
+				err = fmt.Errorf("the audit entry %s is gone", id)
+			}
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("inbox: purge: audit: %w", s.Classify(err))
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("inbox: purge: commit: %w", withCtxErr(ctx, s.Classify(err)))
+	}
+	r.AuditID = id
+	return n, nil
 }
 
 // DefaultPurgeBatchSize is PurgeParams.BatchSize's default.

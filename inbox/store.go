@@ -154,6 +154,15 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 // Table returns the inbox table's name.
 func (s *Store) Table() string { return s.table }
 
+// TableNames returns every table the schema of a store configured with
+// Table: table consists of — the inbox, its audit trail and the record of
+// applied migrations — in an order they can be dropped in. It is for
+// grants and for tests that drop them by hand; [Store.MigrateDown] to 0
+// removes them all.
+func TableNames(table string) []string {
+	return []string{table, table + "_audit", table + "_migrations"}
+}
+
 // Now returns the store's current time: Config.Now, corrected by the
 // offset to the database's clock measured last (Config.ClockSync), cut to
 // the microsecond, which is what the databases keep of a time.

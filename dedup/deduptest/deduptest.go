@@ -112,7 +112,7 @@ func setup(t *testing.T, h Harness, cfg inbox.Config) *bundle {
 	require.NotNil(t, db, "Harness.DB returned nil")
 	b := &bundle{h: h, db: db, table: uniqueName("inbox"), effects: uniqueName("effects"), ctx: context.Background()}
 	t.Cleanup(func() {
-		for _, tbl := range []string{b.effects, b.table, b.table + "_migrations"} {
+		for _, tbl := range append([]string{b.effects}, inbox.TableNames(b.table)...) {
 			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
 		}
 	})

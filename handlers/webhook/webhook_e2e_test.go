@@ -40,7 +40,7 @@ func TestEndToEnd(t *testing.T) {
 	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: testdb.UniqueName("inbox")})
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		for _, tbl := range []string{effects, store.Table(), store.Table() + "_migrations", "watermill_" + topic} {
+		for _, tbl := range append([]string{effects, "watermill_" + topic}, inbox.TableNames(store.Table())...) {
 			_, _ = db.Exec("DROP TABLE IF EXISTS " + tbl)
 		}
 	})

@@ -31,7 +31,7 @@ func TestNewStoreIsMigratedAndCleanedUp(t *testing.T) {
 			PayloadHash: []byte{1}})
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
-		require.Equal(t, 2, count(table), "the inbox and its versions")
+		require.Equal(t, 3, count(table), "the inbox, its audit and its versions")
 
 		named := inboxtest.NewStore(t, db, sqlite.Dialect(), inbox.Config{Table: "named_inbox"})
 		require.Equal(t, "named_inbox", named.Table())

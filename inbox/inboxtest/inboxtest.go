@@ -3,7 +3,9 @@
 //
 // The suite checks that a [inbox.Dialect] makes the one [inbox.Store] behave
 // the same on its database as on every other: claims, leases and their
-// fencing, purging, the clock and the migrations. It runs against a real
+// fencing, purging, the clock, the migrations, and the operator tools
+// (listing, resolving and forgetting records, the audit table) racing the
+// workers they must never overrule. It runs against a real
 // database, because what it pins down (which of two racing writers wins,
 // what a boundary comparison returns, whether a savepoint survives an error)
 // is decided by the database, not by Go. A dialect written out of tree, or a
@@ -67,8 +69,8 @@ func closeStore(t testing.TB, s *inbox.Store) {
 	t.Cleanup(func() { _ = s.Close() })
 }
 
-// Run runs the whole suite as subtests of t: Store, Lease, Purge, Clock
-// and Migrations. The subtests run in parallel.
+// Run runs the whole suite as subtests of t: Store, Lease, Purge, Clock,
+// Migrations and Operator. The subtests run in parallel.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	require.NotNil(t, h.Dialect, "Harness.Dialect")
@@ -81,6 +83,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Purge", func(t *testing.T) { runPurge(t, h) })
 	t.Run("Clock", func(t *testing.T) { runClock(t, h) })
 	t.Run("Migrations", func(t *testing.T) { runMigrations(t, h) })
+	t.Run("Operator", func(t *testing.T) { runOperator(t, h) })
 }
 
 // bundle is what one test needs: a migrated store over a fresh table, and a
@@ -106,7 +109,7 @@ func setupWith(t *testing.T, h Harness, edit func(*inbox.Config)) *bundle {
 	db := h.DB(t)
 	b := &bundle{h: h, db: db, table: UniqueTable("inbox"), effects: UniqueTable("effects"), ctx: context.Background()}
 	t.Cleanup(func() {
-		for _, tbl := range []string{b.effects, b.table, b.table + "_migrations"} {
+		for _, tbl := range []string{b.effects, b.table, b.table + "_audit", b.table + "_migrations"} {
 			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
 		}
 	})

@@ -77,6 +77,7 @@ func runMigrations(t *testing.T, h Harness) {
 		table := UniqueTable("inbox")
 		t.Cleanup(func() {
 			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
+			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_audit")
 			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+"_migrations")
 		})
 		const n = 4

@@ -235,3 +235,107 @@ func (q queries) LockMigrations() inbox.Query {
 func (q queries) UnlockMigrations() inbox.Query {
 	return q.q("SELECT COALESCE(RELEASE_LOCK(?), 0)", inbox.ArgLockName)
 }
+
+// The operator tools' statements. Optional filters are written as
+// "(? = '' OR column = ?)", so that one static statement serves every
+// combination; a parameter a statement compares twice is bound twice.
+
+// In the scans below, every value compared with scope, operation or key
+// is cast to binary, as those VARBINARY columns are: compared with a
+// string of the connection's character set, MariaDB still uses the
+// primary key for the range, but no longer sees that it delivers the
+// ORDER BY once a filter makes a key column constant, and sorts every
+// remaining row for each page.
+
+// afterKey continues a keyset scan after a primary key. MariaDB does not
+// turn a row-value comparison into an index range, so it is spelled out,
+// led by a range on scope that it does use.
+const afterKey = "scope >= CAST(? AS BINARY) AND (scope > CAST(? AS BINARY) OR (scope = CAST(? AS BINARY) AND\n" +
+	"\t(operation > CAST(? AS BINARY) OR (operation = CAST(? AS BINARY) AND `key` > CAST(? AS BINARY)))))"
+
+var afterArgs = []inbox.Arg{inbox.ArgAfterScope, inbox.ArgAfterScope, inbox.ArgAfterScope, inbox.ArgAfterOperation,
+	inbox.ArgAfterOperation, inbox.ArgAfterKey}
+
+// byOperation keeps one operation's records when the parameter is not "".
+const byOperation = "(? = '' OR operation = CAST(? AS BINARY))"
+
+func (q queries) ListRecords() inbox.Query {
+	return q.q("SELECT "+cols+" FROM `{{table}}`\n"+
+		"WHERE "+afterKey+"\n"+
+		"\tAND (? = '' OR status = ?) AND "+byOperation+" AND (? = 0 OR scope = CAST(? AS BINARY))\n"+
+		"\tAND (? IS NULL OR created_at < ?) AND attempt > ?\n"+
+		"ORDER BY scope, operation, `key` LIMIT ?",
+		append(append([]inbox.Arg{}, afterArgs...), inbox.ArgStatus, inbox.ArgStatus, inbox.ArgOperation,
+			inbox.ArgOperation, inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore, inbox.ArgBefore, inbox.ArgAttempt,
+			inbox.ArgLimit)...)
+}
+
+func (q queries) SelectKeys() inbox.Query {
+	return q.q("SELECT scope, operation, `key` FROM `{{table}}`\n"+
+		"WHERE "+afterKey+" AND "+byOperation+"\n"+
+		"ORDER BY scope, operation, `key` LIMIT ?",
+		append(append([]inbox.Arg{}, afterArgs...), inbox.ArgOperation, inbox.ArgOperation, inbox.ArgLimit)...)
+}
+
+func (q queries) CountByOperation() inbox.Query {
+	return q.q("SELECT operation, status, COUNT(*) FROM `{{table}}` GROUP BY operation, status")
+}
+
+func (q queries) OldestPending() inbox.Query {
+	return q.q("SELECT " + cols + " FROM `{{table}}` WHERE status = 'pending' ORDER BY created_at LIMIT 1")
+}
+
+func (q queries) OldestExpiredLease() inbox.Query {
+	return q.q("SELECT "+cols+" FROM `{{table}}`\n"+
+		"WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) ORDER BY created_at LIMIT 1", inbox.ArgNow)
+}
+
+func (q queries) CountPurgeable() inbox.Query {
+	return q.q("SELECT COUNT(*) FROM `{{table}}` WHERE expires_at < ? AND status IN "+inbox.FinishedStatuses,
+		inbox.ArgBefore)
+}
+
+func (q queries) SelectForUpdate() inbox.Query {
+	return q.q("SELECT "+cols+" FROM `{{table}}`"+where+" FOR UPDATE", idArgs...)
+}
+
+// Resolve always changes status (from pending or processing to completed
+// or failed), so its rows affected is exact even without CLIENT_FOUND_ROWS.
+func (q queries) Resolve() inbox.Query {
+	return q.q("UPDATE `{{table}}` SET status = ?, external_ref = COALESCE(NULLIF(?, ''), external_ref),\n"+
+		"\terror = NULLIF(?, ''), lease_owner = NULL, lease_until = NULL, updated_at = ?, expires_at = ?"+
+		where+" AND attempt = ? AND status = ?\n"+
+		"\tAND (status = 'pending' OR lease_until IS NULL OR lease_until < ?)",
+		append([]inbox.Arg{inbox.ArgStatus, inbox.ArgExternalRef, inbox.ArgError, inbox.ArgUpdatedAt, inbox.ArgExpiresAt},
+			withID(inbox.ArgAttempt, inbox.ArgFromStatus, inbox.ArgNow)...)...)
+}
+
+func (q queries) Forget() inbox.Query {
+	return q.q("DELETE FROM `{{table}}`"+where+" AND attempt = ? AND status = ?\n"+
+		"\tAND (status <> 'processing' OR lease_until IS NULL OR lease_until < ?)",
+		withID(inbox.ArgAttempt, inbox.ArgFromStatus, inbox.ArgNow)...)
+}
+
+func (q queries) InsertAudit() inbox.Query {
+	return q.q("INSERT INTO `{{table}}_audit` (audit_id, logged_at, actor, action, scope, operation, `key`,\n"+
+		"\tstatus_before, attempt_before, status_after, reason, before_json, affected)\n"+
+		"VALUES (?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?, NULLIF(?, ''), ?, NULLIF(?, ''), ?)",
+		inbox.ArgAuditID, inbox.ArgNow, inbox.ArgActor, inbox.ArgAction, inbox.ArgScope, inbox.ArgOperation,
+		inbox.ArgKey, inbox.ArgStatusBefore, inbox.ArgAttemptBefore, inbox.ArgStatusAfter, inbox.ArgReason,
+		inbox.ArgBeforeJSON, inbox.ArgAffected)
+}
+
+func (q queries) UpdateAuditCount() inbox.Query {
+	return q.q("UPDATE `{{table}}_audit` SET affected = ? WHERE audit_id = ?", inbox.ArgAffected, inbox.ArgAuditID)
+}
+
+func (q queries) ListAudit() inbox.Query {
+	return q.q("SELECT audit_id, logged_at, actor, action, scope, operation, `key`, status_before, attempt_before,\n"+
+		"\tstatus_after, reason, before_json, affected FROM `{{table}}_audit`\n"+
+		"WHERE (? = '' OR (scope = CAST(? AS BINARY) AND operation = CAST(? AS BINARY) AND `key` = CAST(? AS BINARY)))\n"+
+		"\tAND (? = '' OR action = ?)\n"+
+		"\tAND (? = '' OR audit_id < ?)\n"+
+		"ORDER BY audit_id DESC LIMIT ?",
+		inbox.ArgOperation, inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgAction, inbox.ArgAction,
+		inbox.ArgAuditID, inbox.ArgAuditID, inbox.ArgLimit)
+}

@@ -235,3 +235,88 @@ func (q queries) LockMigrations() inbox.Query {
 func (q queries) UnlockMigrations() inbox.Query {
 	return q.q(`SELECT 1 FROM (SELECT pg_advisory_unlock(hashtextextended($1, 0))) AS l`, inbox.ArgLockName)
 }
+
+// The operator tools' statements. Optional filters are written as
+// "(param = '' OR column = param)", so that one static statement serves
+// every combination; the casts give PostgreSQL the parameters' types where
+// a NULL or a comparison with a literal would leave them unknown.
+
+func (q queries) ListRecords() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
+WHERE (scope, operation, key) > ($1, $2, $3)
+	AND ($4::text = '' OR status = $4::text)
+	AND ($5::text = '' OR operation = $5::text)
+	AND ($6::integer = 0 OR scope = $7::text)
+	AND ($8::timestamptz IS NULL OR created_at < $8::timestamptz)
+	AND attempt > $9
+ORDER BY scope, operation, key LIMIT $10`,
+		inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgStatus, inbox.ArgOperation,
+		inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore, inbox.ArgAttempt, inbox.ArgLimit)
+}
+
+func (q queries) SelectKeys() inbox.Query {
+	return q.q(`SELECT scope, operation, key FROM "{{table}}"
+WHERE (scope, operation, key) > ($1, $2, $3) AND ($4::text = '' OR operation = $4::text)
+ORDER BY scope, operation, key LIMIT $5`,
+		inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgOperation, inbox.ArgLimit)
+}
+
+func (q queries) CountByOperation() inbox.Query {
+	return q.q(`SELECT operation, status, count(*) FROM "{{table}}" GROUP BY operation, status`)
+}
+
+func (q queries) OldestPending() inbox.Query {
+	return q.q(`SELECT ` + cols + ` FROM "{{table}}" WHERE status = 'pending' ORDER BY created_at LIMIT 1`)
+}
+
+func (q queries) OldestExpiredLease() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
+WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < $1) ORDER BY created_at LIMIT 1`, inbox.ArgNow)
+}
+
+func (q queries) CountPurgeable() inbox.Query {
+	return q.q(`SELECT count(*) FROM "{{table}}" WHERE expires_at < $1 AND status IN `+inbox.FinishedStatuses,
+		inbox.ArgBefore)
+}
+
+func (q queries) SelectForUpdate() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM "{{table}}" WHERE scope = $1 AND operation = $2 AND key = $3 FOR UPDATE`, idArgs...)
+}
+
+func (q queries) Resolve() inbox.Query {
+	return q.q(`UPDATE "{{table}}" SET status = $4, external_ref = COALESCE(NULLIF($5, ''), external_ref),
+	error = NULLIF($6, ''), lease_owner = NULL, lease_until = NULL, updated_at = $7, expires_at = $8
+WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $9 AND status = $10
+	AND (status = 'pending' OR lease_until IS NULL OR lease_until < $11)`,
+		with(inbox.ArgStatus, inbox.ArgExternalRef, inbox.ArgError, inbox.ArgUpdatedAt, inbox.ArgExpiresAt,
+			inbox.ArgAttempt, inbox.ArgFromStatus, inbox.ArgNow)...)
+}
+
+func (q queries) Forget() inbox.Query {
+	return q.q(`DELETE FROM "{{table}}" WHERE scope = $1 AND operation = $2 AND key = $3 AND attempt = $4 AND status = $5
+	AND (status <> 'processing' OR lease_until IS NULL OR lease_until < $6)`,
+		with(inbox.ArgAttempt, inbox.ArgFromStatus, inbox.ArgNow)...)
+}
+
+func (q queries) InsertAudit() inbox.Query {
+	return q.q(`INSERT INTO "{{table}}_audit" (audit_id, logged_at, actor, action, scope, operation, key,
+	status_before, attempt_before, status_after, reason, before_json, affected)
+VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, NULLIF($10, ''), $11, NULLIF($12, ''), $13)`,
+		inbox.ArgAuditID, inbox.ArgNow, inbox.ArgActor, inbox.ArgAction, inbox.ArgScope, inbox.ArgOperation,
+		inbox.ArgKey, inbox.ArgStatusBefore, inbox.ArgAttemptBefore, inbox.ArgStatusAfter, inbox.ArgReason,
+		inbox.ArgBeforeJSON, inbox.ArgAffected)
+}
+
+func (q queries) UpdateAuditCount() inbox.Query {
+	return q.q(`UPDATE "{{table}}_audit" SET affected = $1 WHERE audit_id = $2`, inbox.ArgAffected, inbox.ArgAuditID)
+}
+
+func (q queries) ListAudit() inbox.Query {
+	return q.q(`SELECT audit_id, logged_at, actor, action, scope, operation, key, status_before, attempt_before,
+	status_after, reason, before_json, affected FROM "{{table}}_audit"
+WHERE ($1::text = '' OR (scope = $2 AND operation = $1::text AND key = $3))
+	AND ($4::text = '' OR action = $4::text)
+	AND ($5::text = '' OR audit_id < $5::text)
+ORDER BY audit_id DESC LIMIT $6`,
+		inbox.ArgOperation, inbox.ArgScope, inbox.ArgKey, inbox.ArgAction, inbox.ArgAuditID, inbox.ArgLimit)
+}

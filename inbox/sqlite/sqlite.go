@@ -215,3 +215,93 @@ func (q queries) DeleteMigration() inbox.Query {
 // Capabilities.MigrationLock); they answer 1 as the contract asks.
 func (q queries) LockMigrations() inbox.Query   { return q.q(`SELECT 1`) }
 func (q queries) UnlockMigrations() inbox.Query { return q.q(`SELECT 1`) }
+
+// The operator tools' statements. Optional filters are written as
+// "(? = '' OR column = ?)", so that one static statement serves every
+// combination; a parameter a statement compares twice is bound twice.
+
+// afterKey continues a keyset scan after a primary key: a row-value
+// comparison, which SQLite turns into a range of the primary key.
+const afterKey = `(scope, operation, "key") > (?, ?, ?)`
+
+var afterArgs = []inbox.Arg{inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey}
+
+func (q queries) ListRecords() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
+WHERE `+afterKey+`
+	AND (? = '' OR status = ?) AND (? = '' OR operation = ?) AND (? = 0 OR scope = ?)
+	AND (? IS NULL OR created_at < ?) AND attempt > ?
+ORDER BY scope, operation, "key" LIMIT ?`,
+		append(append([]inbox.Arg{}, afterArgs...), inbox.ArgStatus, inbox.ArgStatus, inbox.ArgOperation,
+			inbox.ArgOperation, inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore, inbox.ArgBefore, inbox.ArgAttempt,
+			inbox.ArgLimit)...)
+}
+
+func (q queries) SelectKeys() inbox.Query {
+	return q.q(`SELECT scope, operation, "key" FROM "{{table}}"
+WHERE `+afterKey+` AND (? = '' OR operation = ?)
+ORDER BY scope, operation, "key" LIMIT ?`,
+		append(append([]inbox.Arg{}, afterArgs...), inbox.ArgOperation, inbox.ArgOperation, inbox.ArgLimit)...)
+}
+
+func (q queries) CountByOperation() inbox.Query {
+	return q.q(`SELECT operation, status, COUNT(*) FROM "{{table}}" GROUP BY operation, status`)
+}
+
+func (q queries) OldestPending() inbox.Query {
+	return q.q(`SELECT ` + cols + ` FROM "{{table}}" WHERE status = 'pending' ORDER BY created_at LIMIT 1`)
+}
+
+func (q queries) OldestExpiredLease() inbox.Query {
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
+WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) ORDER BY created_at LIMIT 1`, inbox.ArgNow)
+}
+
+func (q queries) CountPurgeable() inbox.Query {
+	return q.q(`SELECT COUNT(*) FROM "{{table}}" WHERE expires_at < ? AND status IN `+inbox.FinishedStatuses,
+		inbox.ArgBefore)
+}
+
+// SelectForUpdate is a plain read: SQLite has one writer at a time, and a
+// transaction begun as the DSN asks (_txlock=immediate) holds the write
+// lock from its start.
+func (q queries) SelectForUpdate() inbox.Query { return q.Select() }
+
+func (q queries) Resolve() inbox.Query {
+	return q.q(`UPDATE "{{table}}" SET status = ?, external_ref = COALESCE(NULLIF(?, ''), external_ref),
+	error = NULLIF(?, ''), lease_owner = NULL, lease_until = NULL, updated_at = ?, expires_at = ?`+where+
+		` AND attempt = ? AND status = ?
+	AND (status = 'pending' OR lease_until IS NULL OR lease_until < ?)`,
+		append([]inbox.Arg{inbox.ArgStatus, inbox.ArgExternalRef, inbox.ArgError, inbox.ArgUpdatedAt, inbox.ArgExpiresAt},
+			withID(inbox.ArgAttempt, inbox.ArgFromStatus, inbox.ArgNow)...)...)
+}
+
+func (q queries) Forget() inbox.Query {
+	return q.q(`DELETE FROM "{{table}}"`+where+` AND attempt = ? AND status = ?
+	AND (status <> 'processing' OR lease_until IS NULL OR lease_until < ?)`,
+		withID(inbox.ArgAttempt, inbox.ArgFromStatus, inbox.ArgNow)...)
+}
+
+func (q queries) InsertAudit() inbox.Query {
+	return q.q(`INSERT INTO "{{table}}_audit" (audit_id, logged_at, actor, action, scope, operation, "key",
+	status_before, attempt_before, status_after, reason, before_json, affected)
+VALUES (?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?, NULLIF(?, ''), ?, NULLIF(?, ''), ?)`,
+		inbox.ArgAuditID, inbox.ArgNow, inbox.ArgActor, inbox.ArgAction, inbox.ArgScope, inbox.ArgOperation,
+		inbox.ArgKey, inbox.ArgStatusBefore, inbox.ArgAttemptBefore, inbox.ArgStatusAfter, inbox.ArgReason,
+		inbox.ArgBeforeJSON, inbox.ArgAffected)
+}
+
+func (q queries) UpdateAuditCount() inbox.Query {
+	return q.q(`UPDATE "{{table}}_audit" SET affected = ? WHERE audit_id = ?`, inbox.ArgAffected, inbox.ArgAuditID)
+}
+
+func (q queries) ListAudit() inbox.Query {
+	return q.q(`SELECT audit_id, logged_at, actor, action, scope, operation, "key", status_before, attempt_before,
+	status_after, reason, before_json, affected FROM "{{table}}_audit"
+WHERE (? = '' OR (scope = ? AND operation = ? AND "key" = ?))
+	AND (? = '' OR action = ?)
+	AND (? = '' OR audit_id < ?)
+ORDER BY audit_id DESC LIMIT ?`,
+		inbox.ArgOperation, inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgAction, inbox.ArgAction,
+		inbox.ArgAuditID, inbox.ArgAuditID, inbox.ArgLimit)
+}

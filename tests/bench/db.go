@@ -140,7 +140,7 @@ func (f *fixture) newStore(ctx context.Context) (*inbox.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.tables = append(f.tables, store.Table(), store.Table()+"_migrations")
+	f.tables = append(f.tables, inbox.TableNames(store.Table())...)
 	return store, store.Migrate(ctx)
 }
 

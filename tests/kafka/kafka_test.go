@@ -88,7 +88,7 @@ func setup(t *testing.T, kind testdb.Kind) *env {
 	_, err = db.ExecContext(e.ctx, "CREATE TABLE "+e.effects+" (event_id VARCHAR(64) NOT NULL, consumer VARCHAR(16) NOT NULL)")
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		for _, tbl := range []string{e.effects, table, table + "_migrations"} {
+		for _, tbl := range append([]string{e.effects}, inbox.TableNames(table)...) {
 			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
 		}
 	})

@@ -204,7 +204,7 @@ func setup(t *testing.T, kind testdb.Kind) *env {
 	}
 	e.requests, e.deliveries = testdb.UniqueName("outbox_requests"), testdb.UniqueName("outbox_deliveries")
 	t.Cleanup(func() {
-		for _, tbl := range []string{e.requests, e.deliveries, e.outboxTable, e.store.Table(), e.store.Table() + "_migrations"} {
+		for _, tbl := range append([]string{e.requests, e.deliveries, e.outboxTable}, inbox.TableNames(e.store.Table())...) {
 			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
 		}
 	})

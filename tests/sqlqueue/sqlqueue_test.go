@@ -48,7 +48,7 @@ func setup(t *testing.T, kind testdb.Kind) *env {
 	_, err = db.Exec("CREATE TABLE " + e.effects + " (event_id VARCHAR(255) NOT NULL, step INTEGER NOT NULL)")
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		for _, tbl := range []string{e.effects, store.Table(), store.Table() + "_migrations", "watermill_" + e.topic} {
+		for _, tbl := range append([]string{e.effects, "watermill_" + e.topic}, inbox.TableNames(store.Table())...) {
 			_, _ = db.Exec("DROP TABLE IF EXISTS " + tbl)
 		}
 	})

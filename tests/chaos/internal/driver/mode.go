@@ -270,7 +270,7 @@ func (m *modeRun) teardown() {
 
 // tables are the mode's tables, unique to the run.
 func (m *modeRun) tables() []string {
-	t := []string{m.inboxTable, m.inboxTable + "_migrations"}
+	t := inbox.TableNames(m.inboxTable)
 	if m.mode != wire.KafkaReserve {
 		t = append(t, m.effectsTable)
 	}
