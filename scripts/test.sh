@@ -23,12 +23,22 @@ wait_port() { # port name
 	return 1
 }
 
+# missing says at once that a server is neither running nor installed here,
+# instead of waiting for a port nothing will open.
+missing() { # name port dsn-variable
+	log "$1 is not running on 127.0.0.1:$2 and is not installed here: start it (docker compose up -d --wait)" \
+		"or point $3 at one; its tests skip without it (and fail with CI set)"
+}
+
 ensure_postgres() {
 	if [ -n "${INBOXMILL_POSTGRES_DSN:-}" ]; then return 0; fi
 	if ! port_open 5432; then
 		if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
 			log "starting PostgreSQL"
 			pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start || true
+		else
+			missing PostgreSQL 5432 INBOXMILL_POSTGRES_DSN
+			return 1
 		fi
 		wait_port 5432 PostgreSQL || return 1
 	fi
@@ -50,6 +60,9 @@ ensure_mysql() {
 		if [ -x /usr/sbin/mariadbd ] && command -v start-stop-daemon >/dev/null; then
 			log "starting MariaDB"
 			start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+		else
+			missing MariaDB 3306 INBOXMILL_MYSQL_DSN
+			return 1
 		fi
 		wait_port 3306 MariaDB || return 1
 	fi
