@@ -1,0 +1,221 @@
+package console
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	loginCookie = "inboxmill_login"
+	csrfCookie  = "inboxmill_csrf"
+	csrfField   = "csrf_token"
+)
+
+// protect wraps a route that needs the token (when one is configured):
+// 401 with the login page for a request without a valid bearer token or
+// login cookie.
+func (h *handler) protect(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.authenticated(r) {
+			h.unauthorized(w, r, "")
+			return
+		}
+		next(w, r)
+	})
+}
+
+// authenticated reports whether r carries the token: in an Authorization
+// header, which when present decides alone, or as a login cookie the
+// login form set.
+func (h *handler) authenticated(r *http.Request) bool {
+	if h.cfg.Token == "" {
+		return true
+	}
+	if a := r.Header.Get("Authorization"); a != "" {
+		scheme, cred, ok := strings.Cut(a, " ")
+		return ok && strings.EqualFold(scheme, "Bearer") && h.tokenMatches(strings.TrimSpace(cred))
+	}
+	c, err := r.Cookie(loginCookie)
+	return err == nil && h.validLogin(c.Value, time.Now())
+}
+
+// tokenMatches compares in constant time. Both sides are hashed first so
+// that the comparison does not even reveal the token's length.
+func (h *handler) tokenMatches(got string) bool {
+	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(h.cfg.Token))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+}
+
+// mac signs parts with the process secret. The parts are separated by a
+// NUL byte, which none of them contains.
+func (h *handler) mac(parts ...string) []byte {
+	m := hmac.New(sha256.New, h.secret)
+	for _, p := range parts {
+		m.Write([]byte(p))
+		m.Write([]byte{0})
+	}
+	return m.Sum(nil)
+}
+
+var b64 = base64.RawURLEncoding
+
+// newLogin returns a login cookie value: its expiry in Unix seconds
+// and a MAC of it (and of the token, so that a console restarted with
+// another token refuses it even under the same secret).
+func (h *handler) newLogin(now time.Time) string {
+	exp := strconv.FormatInt(now.Add(h.cfg.LoginTTL).Unix(), 10)
+	return exp + "." + b64.EncodeToString(h.mac("login", exp, h.cfg.Token))
+}
+
+func (h *handler) validLogin(v string, now time.Time) bool {
+	exp, sig, ok := strings.Cut(v, ".")
+	if !ok {
+		return false
+	}
+	unix, err := strconv.ParseInt(exp, 10, 64)
+	if err != nil || now.Unix() >= unix {
+		return false
+	}
+	got, err := b64.DecodeString(sig)
+	return err == nil && hmac.Equal(got, h.mac("login", exp, h.cfg.Token))
+}
+
+// csrfToken returns the CSRF token for the forms of the page being
+// rendered: the one in the request's cookie when the console signed it,
+// or a new one, which it sets as the cookie. The token is a random nonce
+// and its MAC; a POST must send it both as the cookie and as the form
+// field (a signed double-submit token). A page on another site can
+// neither read the cookie nor, SameSite=Strict, make the browser send it.
+func (h *handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && h.validCSRF(c.Value) {
+		return c.Value
+	}
+	var nonce [24]byte
+	_, _ = rand.Read(nonce[:])
+	n := b64.EncodeToString(nonce[:])
+	tok := n + "." + b64.EncodeToString(h.mac("csrf", n))
+	http.SetCookie(w, &http.Cookie{
+		Name: csrfCookie, Value: tok, Path: "/",
+		HttpOnly: true, Secure: secure(r), SameSite: http.SameSiteStrictMode,
+	})
+	return tok
+}
+
+func (h *handler) validCSRF(tok string) bool {
+	n, sig, ok := strings.Cut(tok, ".")
+	if !ok {
+		return false
+	}
+	got, err := b64.DecodeString(sig)
+	return err == nil && hmac.Equal(got, h.mac("csrf", n))
+}
+
+// checkCSRF reports whether a POST carries the CSRF token in its cookie and
+// in its form, the same in both and signed by this process. It parses the
+// form (bounded to maxFormBytes).
+func (h *handler) checkCSRF(w http.ResponseWriter, r *http.Request) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		return false
+	}
+	// A browser says where a request comes from; refuse what another site
+	// sent even before looking at the token.
+	if site := r.Header.Get("Sec-Fetch-Site"); site == "cross-site" || site == "same-site" {
+		return false
+	}
+	c, err := r.Cookie(csrfCookie)
+	if err != nil || !h.validCSRF(c.Value) {
+		return false
+	}
+	field := r.PostForm.Get(csrfField)
+	return subtle.ConstantTimeCompare([]byte(field), []byte(c.Value)) == 1
+}
+
+// secure reports whether the request reached the console over TLS
+// (directly or through a proxy that says so), so that its cookies are
+// marked Secure.
+func secure(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
+}
+
+func (h *handler) unauthorized(w http.ResponseWriter, r *http.Request, msg string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="inboxmill"`)
+	if r.URL.Path == "/metrics" || r.Method == http.MethodPost && r.URL.Path != "/login" {
+		http.Error(w, "401 unauthorized: send the console token as \"Authorization: Bearer <token>\" or log in", http.StatusUnauthorized)
+		return
+	}
+	next := r.URL.RequestURI()
+	if r.URL.Path == "/login" {
+		next = r.PostFormValue("next")
+	}
+	h.render(w, r, http.StatusUnauthorized, "login", &view{Title: "Log in", Error: msg, Data: loginView{Next: localPath(next)}})
+}
+
+type loginView struct{ Next string }
+
+// localPath returns p when it is a path on this server, "/" otherwise, so
+// that the login form's next field cannot send anyone elsewhere.
+func localPath(p string) string {
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.HasPrefix(p, "/\\") || strings.HasPrefix(p, "/login") {
+		return "/"
+	}
+	return p
+}
+
+func (h *handler) loginPage(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Token == "" || h.authenticated(r) {
+		http.Redirect(w, r, localPath(r.URL.Query().Get("next")), http.StatusSeeOther)
+		return
+	}
+	h.render(w, r, http.StatusOK, "login", &view{Title: "Log in", Data: loginView{Next: localPath(r.URL.Query().Get("next"))}})
+}
+
+func (h *handler) login(w http.ResponseWriter, r *http.Request) {
+	if !h.checkCSRF(w, r) {
+		h.forbidden(w, r)
+		return
+	}
+	if h.cfg.Token == "" {
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+		return
+	}
+	if !h.tokenMatches(r.PostForm.Get("token")) {
+		h.log.Info("console login refused", "remote", r.RemoteAddr)
+		h.unauthorized(w, r, "That token is not the console's token.")
+		return
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name: loginCookie, Value: h.newLogin(time.Now()), Path: "/", MaxAge: int(h.cfg.LoginTTL / time.Second),
+		HttpOnly: true, Secure: secure(r), SameSite: http.SameSiteStrictMode,
+	})
+	h.log.Info("console login", "remote", r.RemoteAddr)
+	http.Redirect(w, r, localPath(r.PostForm.Get("next")), http.StatusSeeOther)
+}
+
+func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
+	if !h.checkCSRF(w, r) {
+		h.forbidden(w, r)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: loginCookie, Value: "", Path: "/", MaxAge: -1,
+		HttpOnly: true, Secure: secure(r), SameSite: http.SameSiteStrictMode})
+	target := "/"
+	if h.cfg.Token != "" {
+		target = "/login"
+	}
+	http.Redirect(w, r, target, http.StatusSeeOther)
+}
+
+// forbidden answers a POST whose CSRF token is missing or wrong.
+func (h *handler) forbidden(w http.ResponseWriter, r *http.Request) {
+	h.log.Info("console request refused: CSRF token missing or wrong", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+	h.render(w, r, http.StatusForbidden, "error", &view{Title: "Refused",
+		Error: "This form's security token is missing or out of date (the console may have restarted). Go back, reload the page and submit again."})
+}

@@ -1,0 +1,308 @@
+package console
+
+import (
+	"crypto/rand"
+	"embed"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// ErrInvalidConfig: the console's configuration is unusable.
+var ErrInvalidConfig = errors.New("console: invalid config")
+
+// ErrTokenRequired: a console bound beyond the loopback interface has no
+// token. See [CheckBind].
+var ErrTokenRequired = errors.New("console: a token is required to listen beyond the loopback interface")
+
+// Config configures the console. Store is the only required field.
+type Config struct {
+	// Store is the inbox the console shows and changes. Required.
+	Store *inbox.Store
+
+	// Token, when not empty, is required of every request but /healthz,
+	// /static/ and the login page: as an "Authorization: Bearer <token>"
+	// header, or once through the login form, which then sets an HttpOnly
+	// login cookie. It is compared in constant time. Empty: no
+	// authentication, which is only safe on a loopback address; the
+	// command serving the console calls [CheckBind] to refuse anything
+	// else.
+	Token string
+
+	// ReadOnly hides the resolve and forget forms and refuses their
+	// requests (403). Defaults to false.
+	ReadOnly bool
+
+	// Actor is the name written to the audit trail for a resolve or forget
+	// whose form leaves the actor field empty. Defaults to "console".
+	Actor string
+
+	// Logger receives one line per operator action and per failed
+	// request, at Info and Error, and one per request at Debug. Lines name
+	// records by operation and key digest, never by key, and carry no
+	// reasons, payloads or tokens. Defaults to discarding everything.
+	Logger *slog.Logger
+
+	// Registry is where the console registers its metrics — gauges read
+	// from [inbox.Store.Overview] on every scrape, and a counter of
+	// operator actions — and what /metrics serves. Defaults to a new
+	// registry that also holds the Go runtime and process collectors.
+	// Registering twice in one registry fails New.
+	Registry *prometheus.Registry
+
+	// LoginTTL is how long a login lasts. Defaults to 12 hours. Logins
+	// also end when the process restarts: they are signed with a secret
+	// that lives only in memory.
+	LoginTTL time.Duration
+
+	// PageSize is how many records and audit entries a page lists unless
+	// the request asks for another limit (at most 1000). Defaults to 50.
+	PageSize int
+
+	// Timeout bounds the database work of one request and of one metrics
+	// scrape. Defaults to 10 seconds.
+	Timeout time.Duration
+}
+
+// DefaultActor is Config.Actor's default.
+const DefaultActor = "console"
+
+func (c Config) withDefaults() Config {
+	if c.Actor == "" {
+		c.Actor = DefaultActor
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.LoginTTL == 0 {
+		c.LoginTTL = 12 * time.Hour
+	}
+	if c.PageSize == 0 {
+		c.PageSize = 50
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Second
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Store == nil {
+		errs = append(errs, fmt.Errorf("%w: Store is nil", ErrInvalidConfig))
+	}
+	if c.LoginTTL < 0 {
+		errs = append(errs, fmt.Errorf("%w: LoginTTL is negative", ErrInvalidConfig))
+	}
+	if c.PageSize < 0 || c.PageSize > maxLimit {
+		errs = append(errs, fmt.Errorf("%w: PageSize %d is not between 1 and %d", ErrInvalidConfig, c.PageSize, maxLimit))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("%w: Timeout is negative", ErrInvalidConfig))
+	}
+	if err := inbox.CheckText(c.Actor, inbox.MaxActorLen); err != nil {
+		errs = append(errs, fmt.Errorf("%w: Actor %w", ErrInvalidConfig, err))
+	}
+	if strings.ContainsAny(c.Token, " \t\r\n") {
+		errs = append(errs, fmt.Errorf("%w: Token contains white space, which an Authorization header cannot carry", ErrInvalidConfig))
+	}
+	return errors.Join(errs...)
+}
+
+const (
+	// maxLimit is the store's largest page.
+	maxLimit = 1000
+	// maxFormBytes bounds a POST body.
+	maxFormBytes = 64 << 10
+)
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// handler is the console. It keeps no per-request state.
+type handler struct {
+	cfg     Config
+	store   *inbox.Store
+	log     *slog.Logger
+	secret  []byte // signs login cookies and CSRF tokens; this process only
+	pages   *pages
+	actions *prometheus.CounterVec
+	mux     *http.ServeMux
+}
+
+// New returns the console as an http.Handler to mount at the root of a
+// server (it links to absolute paths). Its routes:
+//
+//	GET  /                   overview: counts by status and operation, oldest pending, purge backlog
+//	GET  /records            records, filtered (status, operation, scope, older_than, attempt_above), paged;
+//	                         ?digest=<16 hex> jumps to the record with that key digest
+//	GET  /record             one record by ?scope=&operation=&key=, with its audit history
+//	GET  /records/{digest}   one record by the key digest logs print (?operation= narrows the search)
+//	POST /record/resolve     resolve a pending record, or a processing one whose lease expired
+//	POST /record/forget      delete a record so that the next delivery runs again
+//	GET  /audit              the audit trail, newest first (?action= filters), paged
+//	GET  /login, POST /login, POST /logout   the token login (with Config.Token)
+//	GET  /metrics            Prometheus metrics (authenticated like the pages)
+//	GET  /healthz            200 when the database answers a ping, 503 otherwise (never authenticated)
+//	GET  /static/...         the embedded stylesheet
+//
+// Every POST needs the CSRF token of a form the console rendered (403
+// otherwise); with a Token every route but /healthz, /static/ and /login
+// needs it too (401 otherwise).
+func New(cfg Config) (http.Handler, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	h := &handler{cfg: cfg, store: cfg.Store, log: cfg.Logger, secret: make([]byte, 32)}
+	if _, err := rand.Read(h.secret); err != nil {
+		return nil, fmt.Errorf("console: secret: %w", err)
+	}
+	var err error
+	if h.pages, err = loadPages(); err != nil {
+		return nil, err
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		if err := errors.Join(
+			reg.Register(collectors.NewGoCollector()),
+			reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})),
+		); err != nil {
+			return nil, fmt.Errorf("console: metrics: %w", err)
+		}
+	}
+	h.actions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name:        "inboxmill_console_actions_total",
+		Help:        "Operator actions submitted through the console, by action (resolve, forget) and result (applied, dry_run, refused, error).",
+		ConstLabels: prometheus.Labels{"table": h.store.Table()},
+	}, []string{"action", "result"})
+	if err := errors.Join(reg.Register(newOverviewCollector(h)), reg.Register(h.actions)); err != nil {
+		return nil, fmt.Errorf("console: metrics: %w", err)
+	}
+
+	static, err := fs.Sub(assets, "static")
+	if err != nil {
+		return nil, fmt.Errorf("console: assets: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", h.protect(h.overview))
+	mux.Handle("GET /records", h.protect(h.list))
+	mux.Handle("GET /record", h.protect(h.recordByID))
+	mux.Handle("GET /records/{digest}", h.protect(h.recordByDigest))
+	mux.Handle("POST /record/resolve", h.protect(h.resolve))
+	mux.Handle("POST /record/forget", h.protect(h.forget))
+	mux.Handle("GET /audit", h.protect(h.audit))
+	mux.HandleFunc("GET /login", h.loginPage)
+	mux.HandleFunc("POST /login", h.login)
+	mux.Handle("POST /logout", h.protect(h.logout))
+	for _, path := range []string{"/record/resolve", "/record/forget", "/logout"} {
+		mux.HandleFunc(path, postOnly)
+	}
+	mux.Handle("GET /metrics", h.protect(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{h.log}}).ServeHTTP))
+	mux.HandleFunc("GET /healthz", h.healthz)
+	files := http.StripPrefix("/static/", http.FileServerFS(static))
+	mux.HandleFunc("GET /static/", func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/") { // no directory listings
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Cache-Control", "public, max-age=3600")
+		files.ServeHTTP(w, r)
+	})
+	mux.HandleFunc("/", h.notFound)
+	h.mux = mux
+	return h, nil
+}
+
+// ServeHTTP sets the security headers every response carries and routes
+// the request.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("X-Frame-Options", "DENY")
+	// Record URLs carry keys in their query: never hand them to another site.
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("Cross-Origin-Opener-Policy", "same-origin")
+	hd.Set("Cross-Origin-Resource-Policy", "same-origin")
+	if !strings.HasPrefix(r.URL.Path, "/static/") {
+		hd.Set("Cache-Control", "no-store")
+	}
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	start := time.Now()
+	h.mux.ServeHTTP(sw, r)
+	// The path only: a record's query names its key.
+	h.log.Debug("console request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
+		"duration", time.Since(start).Round(time.Microsecond))
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.status, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// postOnly answers any other method on a route that changes state.
+func postOnly(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", http.MethodPost)
+	http.Error(w, "405 method not allowed: this changes state, and only a POST does that", http.StatusMethodNotAllowed)
+}
+
+// slogPrinter adapts promhttp's error log to slog.
+type slogPrinter struct{ log *slog.Logger }
+
+func (p slogPrinter) Println(v ...any) { p.log.Error("console metrics", "error", fmt.Sprint(v...)) }
+
+// CheckBind refuses to serve the console on addr without a token unless
+// addr is a loopback address: "127.0.0.1:8080", "[::1]:8080" and
+// "localhost:8080" pass without one; ":8080", "0.0.0.0:8080" and any
+// other host need token. The host must be an IP address or "localhost":
+// another name could resolve anywhere.
+func CheckBind(addr, token string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%w: address %q: %w", ErrInvalidConfig, addr, err)
+	}
+	if token != "" || isLoopback(host) {
+		return nil
+	}
+	if host == "" {
+		host = "every interface"
+	}
+	return fmt.Errorf("%w: %s is not a loopback address; pass a token (--token or INBOXMILL_TOKEN) or bind to 127.0.0.1", ErrTokenRequired, host)
+}
+
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

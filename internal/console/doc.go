@@ -1,0 +1,40 @@
+// Package console is inboxmill's web console: a small set of
+// server-rendered pages over an [inbox.Store], mounted by `inboxmill
+// serve`.
+//
+// # Pages
+//
+// The overview counts records by status and operation and shows the
+// oldest pending record, the oldest processing record whose lease has
+// expired and the records awaiting purge. The record list filters by
+// status, operation, scope, age and attempt and pages with the store's
+// cursor. A record's page shows every column, its lease and its audit
+// history, with forms to resolve it (pending, or processing under an
+// expired lease) or forget it; both need a reason and land in the audit
+// trail, which has a page of its own. /metrics serves Prometheus gauges
+// read from [inbox.Store.Overview] at scrape time; /healthz pings the
+// database.
+//
+// # Security
+//
+// The console binds where its caller says; [CheckBind] refuses a
+// non-loopback address without a token. With [Config.Token] set, every
+// page, form and /metrics needs it, as a bearer token or through the
+// login form's login cookie (HttpOnly, SameSite=Strict, signed with a
+// secret that lives only in this process). Every state-changing request
+// is a POST that must carry a CSRF token (a signed double-submit token:
+// cookie and form field, compared in constant time). Pages are rendered
+// with html/template, so keys, scopes and errors are always escaped, and
+// they load no script; the Content-Security-Policy forbids scripts,
+// framing and foreign origins. Record links carry the record's ID in the
+// query string (Referrer-Policy no-referrer keeps them on this site); the
+// console's own log lines name records by key digest only and never carry
+// reasons, payloads or tokens.
+//
+// # Usage
+//
+//	if err := console.CheckBind(addr, token); err != nil { ... }
+//	h, err := console.New(console.Config{Store: store, Token: token, Logger: logger})
+//	if err != nil { ... }
+//	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+package console
