@@ -94,15 +94,22 @@ func (c *consumers) charge(msg *message.Message, crash func()) error {
 		if err != nil {
 			return err
 		}
+		if len(found) > 0 && found[0].Status == "review" {
+			return dedup.Uncertain(errInReview, found[0].ID)
+		}
 		if len(found) > 0 {
 			return nil
 		}
 	}
-	_, err := c.api.charge(ctx, claim.IdempotencyKey, req.Intent, req.Amount)
+	ch, err := c.api.charge(ctx, claim.IdempotencyKey, req.Intent, req.Amount)
 	var ne net.Error
 	switch {
 	case errors.Is(err, errDeclined):
 		return dedup.Permanent(err)
+	case errors.Is(err, errInReview):
+		// Neither charged nor refused yet: pending, under the provider's
+		// reference, until the review ends.
+		return dedup.Uncertain(err, ch.ID)
 	case errors.As(err, &ne) && ne.Timeout():
 		// The request left; whether it charged is unknown. Never retry
 		// blindly: the reconciler will ask.

@@ -15,7 +15,12 @@
 //   - workers crash right after charging; the queue redelivers, another
 //     worker takes the expired lease over and, since an earlier attempt may
 //     have charged, asks the provider before charging; when the crashed
-//     worker comes back to life its late result is refused (fencing).
+//     worker comes back to life its late result is refused (fencing);
+//   - the provider holds large charges for a manual review that outlasts
+//     the run: those intents stay pending, the queue dead-letters their
+//     messages, and the program prints the inboxmill commands an operator
+//     runs once the provider has decided (keep the inbox with -db to run
+//     them).
 //
 // Everything runs in-process on 127.0.0.1 with a SQLite inbox: no servers.
 //
@@ -33,6 +38,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -72,17 +78,24 @@ type config struct {
 type summary struct {
 	intents, charges, pendingResolved, doubleCharges int
 	declined, crashes, fenced, takeovers             int
+	// inReview are the intents left pending for the operator; deadLettered
+	// the messages the queue gave up on.
+	inReview, deadLettered int
 }
 
 // Timings, scaled down so a run takes seconds: the client waits 100 ms for
 // the provider, whose slow answers take 300 ms; a lease lasts 400 ms and the
-// queue redelivers an unacked message after 600 ms.
+// queue redelivers an unacked message after 600 ms, up to maxReceives times.
 const (
 	clientTimeout = 100 * time.Millisecond
 	slowAnswer    = 300 * time.Millisecond
 	lease         = 400 * time.Millisecond
 	visibility    = 600 * time.Millisecond
+	maxReceives   = 10
 )
+
+// table is the example's inbox table.
+const table = "payment_inbox"
 
 func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	var sum summary
@@ -96,7 +109,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	defer psp.close()
 	api := &client{base: psp.addr, http: &http.Client{Timeout: clientTimeout}}
 
-	dbPath := cfg.dbPath
+	dbPath, kept := cfg.dbPath, cfg.dbPath != ""
 	if dbPath == "" {
 		dir, err := os.MkdirTemp("", "inboxmill-external-effect")
 		if err != nil {
@@ -110,7 +123,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	defer db.Close()
-	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Table: "payment_inbox"})
+	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Table: table})
 	if err != nil {
 		return sum, err
 	}
@@ -156,6 +169,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 			switch {
 			case err != nil:
 				return reconcile.Resolution{}, err
+			case len(found) > 0 && found[0].Status == "review":
+				// The provider has not decided: only an operator can
+				// settle it, once it has. The record keeps the charge's
+				// reference for them.
+				return reconcile.Resolution{Verdict: reconcile.Unresolved, ExternalRef: found[0].ID}, nil
 			case len(found) > 0:
 				if r.Status == inbox.StatusPending {
 					pendingResolved.Add(1)
@@ -174,7 +192,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}
 	defer rec.Close()
 
-	q := newQueue(visibility)
+	q := newQueue(visibility, maxReceives)
 	for i := 1; i <= cfg.intents; i++ {
 		q.publish(intentMessage(i))
 		if i%7 == 0 { // a producer retry
@@ -199,6 +217,14 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	// The crashed workers come back to life and try to record what they did.
 	close(c.zombies)
 	c.wg.Wait()
+	// One last reconciliation settles what the provider has decided on,
+	// however quickly the queue gave up on its messages.
+	if err := rec.Close(); err != nil {
+		return sum, err
+	}
+	if _, err := rec.RunOnce(ctx); err != nil {
+		return sum, err
+	}
 
 	sum.intents = cfg.intents
 	sum.charges, sum.doubleCharges = psp.totals()
@@ -213,11 +239,19 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		`SELECT COUNT(*) FROM payment_inbox WHERE status NOT IN ('completed', 'failed')`).Scan(&unfinished); err != nil {
 		return sum, err
 	}
+	inReview, err := store.ListPending(ctx, cfg.intents)
+	if err != nil {
+		return sum, err
+	}
+	sum.inReview, sum.deadLettered = len(inReview), len(q.deadLettered())
 	st := d.Stats()
 	fmt.Fprintf(out, "deliveries: executed=%d duplicates=%d retries=%d pending=%d in_flight=%d failed=%d takeovers=%d\n",
 		st.Executed, st.Duplicates, st.Retries, st.Pending, st.InFlight, st.Failed, st.Takeovers)
 	fmt.Fprintf(out, "workers crashed after charging: %d; late results refused by fencing: %d\n", sum.crashes, sum.fenced)
 	fmt.Fprintf(out, "declined (failed for good): %d; unfinished records: %d\n", sum.declined, unfinished)
+	if err := operatorCommands(out, dbPath, kept, inReview, sum.deadLettered); err != nil {
+		return sum, err
+	}
 	fmt.Fprintf(out, "intents=%d charges=%d pending_resolved=%d double_charges=%d\n",
 		sum.intents, sum.charges, sum.pendingResolved, sum.doubleCharges)
 	switch {
@@ -225,20 +259,77 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, fmt.Errorf("%d intents were charged twice", sum.doubleCharges)
 	case sum.charges != sum.intents-sum.declined:
 		return sum, fmt.Errorf("%d charges for %d chargeable intents", sum.charges, sum.intents-sum.declined)
-	case unfinished != 0:
-		return sum, fmt.Errorf("%d records unfinished", unfinished)
+	case sum.inReview != reviewed(cfg.intents):
+		return sum, fmt.Errorf("%d intents left pending, %d held for review", sum.inReview, reviewed(cfg.intents))
+	case unfinished != sum.inReview:
+		return sum, fmt.Errorf("%d records unfinished, %d of them pending review", unfinished, sum.inReview)
 	}
 	return sum, nil
 }
 
+// operatorCommands prints, for the intents left pending, the inboxmill
+// commands an operator runs once the provider has decided: inspect by the
+// key digest the logs print, and resolve, fenced by the attempt seen.
+func operatorCommands(out io.Writer, dbPath string, kept bool, pending []*inbox.Record, deadLettered int) error {
+	if len(pending) == 0 {
+		return nil
+	}
+	abs, err := filepath.Abs(dbPath)
+	if err != nil {
+		return err
+	}
+	conn := "--dsn " + shellQuote(abs) + " --table " + table
+	fmt.Fprintf(out, "left pending: %d intents whose charges the provider holds for review "+
+		"(the queue dead-lettered %d messages); once it has decided, an operator runs:\n", len(pending), deadLettered)
+	for _, r := range pending {
+		fmt.Fprintf(out, "  inboxmill inspect %s --digest %s\n", conn, r.Digest())
+		fmt.Fprintf(out, "  inboxmill resolve %s --operation %s --key %s --attempt %d --to completed --external-ref %s "+
+			"--reason 'provider approved the charge after review'\n",
+			conn, shellQuote(r.Operation), shellQuote(r.Key), r.Attempt, shellQuote(r.ExternalRef))
+	}
+	fmt.Fprintln(out, "  (for a charge the provider declined: --to failed --reason 'provider declined the charge after review')")
+	if !kept {
+		fmt.Fprintln(out, "  (this run's inbox is a temporary file, removed on exit: run with -db FILE to keep it)")
+	}
+	return nil
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-./:@%+=,", r)) {
+			return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+		}
+	}
+	if s == "" {
+		return "''"
+	}
+	return s
+}
+
 // intentMessage is "charge this card for intent i". Every 11th amount is
-// over the card's limit and is declined.
+// over the card's limit and is declined; every 13th (not 11th) is large
+// enough for the provider to hold it for review.
 func intentMessage(i int) *message.Message {
 	amount := 100 + i
-	if i%11 == 0 {
+	switch {
+	case i%11 == 0:
 		amount = 9000
+	case i%13 == 0:
+		amount = reviewAbove + 500
 	}
 	msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"intent":"pi_%04d","amount":%d}`, i, amount))
 	msg.Metadata.Set("intent_id", fmt.Sprintf("pi_%04d", i))
 	return msg
+}
+
+// reviewed is how many of n intents the provider holds for review.
+func reviewed(n int) int {
+	r := 0
+	for i := 1; i <= n; i++ {
+		if i%13 == 0 && i%11 != 0 {
+			r++
+		}
+	}
+	return r
 }

@@ -36,7 +36,14 @@ type charge struct {
 	Key    string `json:"idempotency_key"`
 	Intent string `json:"intent"`
 	Amount int    `json:"amount"`
+	// Status is "succeeded", or "review": the provider holds the charge
+	// for a manual review and has not decided yet.
+	Status string `json:"status"`
 }
+
+// reviewAbove: the provider holds charges above this amount (and within
+// the card's limit) for a manual review that outlasts the run.
+const reviewAbove = 4000
 
 func startProvider(seed int64, slow time.Duration) (*provider, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -88,7 +95,15 @@ func (p *provider) create(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "try again", http.StatusServiceUnavailable)
 		return
 	}
-	c := p.record(key, req.Intent, req.Amount)
+	if req.Amount > reviewAbove {
+		// Taken, but not decided: the answer says so at once.
+		c := p.record(key, req.Intent, req.Amount, "review")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusAccepted)
+		_ = json.NewEncoder(w).Encode(c)
+		return
+	}
+	c := p.record(key, req.Intent, req.Amount, "succeeded")
 	if dice < 30 {
 		// Charged, but the answer comes after the client gave up: from the
 		// client's side the outcome is unknown.
@@ -98,10 +113,10 @@ func (p *provider) create(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(c)
 }
 
-func (p *provider) record(key, intent string, amount int) charge {
+func (p *provider) record(key, intent string, amount int, status string) charge {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	c := charge{ID: fmt.Sprintf("ch_%05d", len(p.charges)+1), Key: key, Intent: intent, Amount: amount}
+	c := charge{ID: fmt.Sprintf("ch_%05d", len(p.charges)+1), Key: key, Intent: intent, Amount: amount, Status: status}
 	p.charges = append(p.charges, c)
 	p.byKey[key] = append(p.byKey[key], c)
 	return c
@@ -139,6 +154,9 @@ type client struct {
 var (
 	errDeclined    = errors.New("card declined")
 	errUnavailable = errors.New("provider unavailable")
+	// errInReview: the provider took the charge but holds it for a
+	// manual review; whether it goes through is not known yet.
+	errInReview = errors.New("charge held for review")
 )
 
 // charge sends one charge. A timeout is returned as is: the caller decides
@@ -164,6 +182,12 @@ func (c *client) charge(ctx context.Context, key, intent string, amount int) (ch
 	case http.StatusOK:
 		var ch charge
 		return ch, json.NewDecoder(resp.Body).Decode(&ch)
+	case http.StatusAccepted:
+		var ch charge
+		if err := json.NewDecoder(resp.Body).Decode(&ch); err != nil {
+			return charge{}, err
+		}
+		return ch, errInReview
 	case http.StatusPaymentRequired:
 		return charge{}, errDeclined
 	default:

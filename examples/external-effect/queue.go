@@ -18,12 +18,17 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 // a nacked one at once.
 type queue struct {
 	visibility time.Duration
+	// maxReceives moves a message received this often without an ack to
+	// the dead-letter list, as SQS's redrive policy or Pub/Sub's
+	// max_delivery_attempts do, instead of delivering it again.
+	maxReceives int
 
 	mu       sync.Mutex
 	nextID   int
 	ready    []*item
 	inflight map[int]*item
 	acked    int
+	dead     []*message.Message
 }
 
 type item struct {
@@ -33,8 +38,8 @@ type item struct {
 	deadline time.Time
 }
 
-func newQueue(visibility time.Duration) *queue {
-	return &queue{visibility: visibility, inflight: map[int]*item{}}
+func newQueue(visibility time.Duration, maxReceives int) *queue {
+	return &queue{visibility: visibility, maxReceives: maxReceives, inflight: map[int]*item{}}
 }
 
 func (q *queue) publish(msg *message.Message) {
@@ -62,6 +67,10 @@ func (q *queue) receive(ctx context.Context) (*delivery, error) {
 				delete(q.inflight, id)
 				q.ready = append([]*item{it}, q.ready...)
 			}
+		}
+		for len(q.ready) > 0 && q.ready[0].token >= q.maxReceives {
+			q.dead = append(q.dead, q.ready[0].msg)
+			q.ready = q.ready[1:]
 		}
 		if len(q.ready) > 0 {
 			it := q.ready[0]
@@ -104,9 +113,17 @@ func (d *delivery) nack() {
 	}
 }
 
-// idle reports whether every published message was acked.
+// idle reports whether every published message was acked or
+// dead-lettered.
 func (q *queue) idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.ready) == 0 && len(q.inflight) == 0
+}
+
+// deadLettered returns the messages moved to the dead-letter list.
+func (q *queue) deadLettered() []*message.Message {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]*message.Message(nil), q.dead...)
 }

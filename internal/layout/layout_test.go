@@ -47,7 +47,8 @@ func rel(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path
 func floor(path string) int {
 	p := rel(path)
 	switch {
-	case p == "inbox" || strings.HasPrefix(p, "internal/service") || strings.HasPrefix(p, "internal/canonjson"):
+	case p == "inbox" || strings.HasPrefix(p, "internal/service") || strings.HasPrefix(p, "internal/canonjson") ||
+		p == "internal/dsn":
 		return 0
 	case strings.HasPrefix(p, "inbox/"):
 		return 1 // dialects and the store's test kit
@@ -55,6 +56,8 @@ func floor(path string) int {
 		return 2
 	case strings.HasPrefix(p, "handlers/"):
 		return 3
+	case strings.HasPrefix(p, "internal/console"):
+		return 3 // the web console, below the command that serves it
 	case strings.HasPrefix(p, "cmd/"):
 		return 4
 	}
@@ -98,6 +101,33 @@ func TestDependenciesPointDown(t *testing.T) {
 			}
 			if rel(p.ImportPath) == "inbox" && strings.HasPrefix(imp, "github.com/ThreeDotsLabs/") {
 				t.Errorf("inbox imports %s; the store must not depend on watermill", imp)
+			}
+		}
+	}
+}
+
+// TestOperatorToolingStaysOut checks that the operator tooling keeps to
+// its corner: only commands import the web console and the command-line
+// libraries (cobra, pflag, the progress bar), the console works on the
+// store alone (no watermill, no driver: the command that serves it picks
+// the database), and the headless browser is a test dependency only.
+func TestOperatorToolingStaysOut(t *testing.T) {
+	cliOnly := []string{"github.com/spf13/cobra", "github.com/spf13/pflag", "github.com/schollz/progressbar",
+		module + "/internal/console"}
+	for _, p := range list(t, "./...") {
+		r := rel(p.ImportPath)
+		isCmd := strings.HasPrefix(r, "cmd/")
+		for _, imp := range p.Imports {
+			for _, c := range cliOnly {
+				if (imp == c || strings.HasPrefix(imp, c+"/")) && !isCmd {
+					t.Errorf("%s imports %s; only commands may", r, imp)
+				}
+			}
+			if strings.HasPrefix(imp, "github.com/chromedp/") {
+				t.Errorf("%s imports %s outside its tests", r, imp)
+			}
+			if strings.HasPrefix(r, "internal/console") && strings.HasPrefix(imp, "github.com/ThreeDotsLabs/") {
+				t.Errorf("%s imports %s; the console works on the store alone", r, imp)
 			}
 		}
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -22,7 +21,7 @@ import (
 
 const topic = "orders"
 
-type bundle struct {
+type replayBundle struct {
 	brokers []string
 	db      *sql.DB
 	store   *inbox.Store
@@ -36,10 +35,10 @@ type bundle struct {
 // for another order, two messages without an event ID — and processes them
 // all through the middleware, so that the inbox holds what a consumer
 // would have left.
-func setup(t *testing.T, kind testdb.Kind) *bundle {
+func replaySetup(t *testing.T, kind testdb.Kind) *replayBundle {
 	t.Helper()
 	ctx := context.Background()
-	b := &bundle{perPartition: map[int32]int{}}
+	b := &replayBundle{perPartition: map[int32]int{}}
 	var dsn string
 	switch kind {
 	case testdb.SQLite:
@@ -56,7 +55,7 @@ func setup(t *testing.T, kind testdb.Kind) *bundle {
 	require.NoError(t, err)
 	require.NoError(t, b.store.Migrate(ctx))
 	t.Cleanup(func() {
-		for _, tbl := range []string{table, table + "_migrations"} {
+		for _, tbl := range inbox.TableNames(table) {
 			_, _ = b.db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
 		}
 	})
@@ -104,10 +103,10 @@ func setup(t *testing.T, kind testdb.Kind) *bundle {
 	require.Equal(t, dedup.Stats{Executed: 40, Duplicates: 10, Conflicts: 1, Invalid: 2}, d.Stats())
 
 	b.base = []string{
-		"-brokers", strings.Join(b.brokers, ","), "-topic", topic,
-		"-dialect", dialectFlag(kind), "-dsn", dsn, "-table", table,
-		"-operation", "ship_order", "-key-metadata", "event_id", "-scope-metadata", "tenant_id",
-		"-ignore-fields", "sent_at", "-progress-interval", "0",
+		"--brokers", strings.Join(b.brokers, ","), "--topic", topic,
+		"--dialect", dialectFlag(kind), "--dsn", dsn, "--table", table,
+		"--operation", "ship_order", "--key-metadata", "event_id", "--scope-metadata", "tenant_id",
+		"--ignore-fields", "sent_at", "--progress-interval", "0",
 	}
 	return b
 }
@@ -130,13 +129,12 @@ func replay(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	code := run(ctx, args, &stdout, &stderr)
-	return code, stdout.String(), stderr.String()
+	r := runCtx(ctx, append([]string{"replay"}, args...)...)
+	return r.code, r.stdout, r.stderr
 }
 
 // summary runs the command, requires success and returns the last line.
-func (b *bundle) summary(t *testing.T, args ...string) string {
+func (b *replayBundle) summary(t *testing.T, args ...string) string {
 	t.Helper()
 	code, stdout, stderr := replay(t, append(append([]string{}, b.base...), args...)...)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
@@ -149,7 +147,7 @@ func TestReplayDryRun(t *testing.T) {
 	for _, kind := range []testdb.Kind{testdb.SQLite, testdb.PostgresPQ, testdb.MySQL} {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, kind)
+			b := replaySetup(t, kind)
 
 			// Everything was processed: a replay runs nothing.
 			require.Equal(t, "messages=53 new=0 duplicate=50 conflict=1 invalid=2 expired=0", b.summary(t))
@@ -162,24 +160,24 @@ func TestReplayDryRun(t *testing.T) {
 			// the 7-day window, so their records would have been purged by
 			// now: older than the retention window. Either runs again.
 			require.Equal(t, "messages=53 new=2 duplicate=46 conflict=1 invalid=2 expired=2", b.summary(t))
-			require.Equal(t, "messages=53 new=2 duplicate=46 conflict=1 invalid=2 expired=2", b.summary(t, "-retention", "7d"))
-			require.Equal(t, "messages=53 new=4 duplicate=46 conflict=1 invalid=2 expired=0", b.summary(t, "-retention", "-1"))
-			require.Equal(t, "messages=53 new=0 duplicate=46 conflict=1 invalid=2 expired=4", b.summary(t, "-retention", "1ms"))
+			require.Equal(t, "messages=53 new=2 duplicate=46 conflict=1 invalid=2 expired=2", b.summary(t, "--retention", "7d"))
+			require.Equal(t, "messages=53 new=4 duplicate=46 conflict=1 invalid=2 expired=0", b.summary(t, "--retention", "-1"))
+			require.Equal(t, "messages=53 new=0 duplicate=46 conflict=1 invalid=2 expired=4", b.summary(t, "--retention", "1ms"))
 
 			// Only the last hour: events 20-39, the reused ID, the keyless two.
-			require.Equal(t, "messages=23 new=2 duplicate=18 conflict=1 invalid=2 expired=0", b.summary(t, "-since", "1h"))
+			require.Equal(t, "messages=23 new=2 duplicate=18 conflict=1 invalid=2 expired=0", b.summary(t, "--since", "1h"))
 			require.Equal(t, "messages=23 new=2 duplicate=18 conflict=1 invalid=2 expired=0",
-				b.summary(t, "-since", time.Now().Add(-time.Hour).Format(time.RFC3339)))
+				b.summary(t, "--since", time.Now().Add(-time.Hour).Format(time.RFC3339)))
 			require.Equal(t, "messages=0 new=0 duplicate=0 conflict=0 invalid=0 expired=0",
-				b.summary(t, "-since", time.Now().Add(time.Hour).Format(time.RFC3339)))
+				b.summary(t, "--since", time.Now().Add(time.Hour).Format(time.RFC3339)))
 
 			// Offset ranges.
 			require.Equal(t, "messages=2 new=0 duplicate=2 conflict=0 invalid=0 expired=0",
-				b.summary(t, "-partitions", "0", "-from", "1", "-to", "3"))
+				b.summary(t, "--partitions", "0", "--from", "1", "--to", "3"))
 			want := 2 + (b.perPartition[1] - 1) + (b.perPartition[2] - 1)
-			require.Contains(t, b.summary(t, "-from", "0:1,1:1,2:0", "-to", "0:3,2:"+fmt.Sprint(b.perPartition[2]-1)),
+			require.Contains(t, b.summary(t, "--from", "0:1,1:1,2:0", "--to", "0:3,2:"+fmt.Sprint(b.perPartition[2]-1)),
 				fmt.Sprintf("messages=%d ", want))
-			require.Contains(t, b.summary(t, "-from", "1000"), "messages=0 ")
+			require.Contains(t, b.summary(t, "--from", "1000"), "messages=0 ")
 		})
 	}
 }
@@ -187,10 +185,10 @@ func TestReplayDryRun(t *testing.T) {
 // TestReplayOutput checks what the command shows besides the summary.
 func TestReplayOutput(t *testing.T) {
 	t.Parallel()
-	b := setup(t, testdb.SQLite)
+	b := replaySetup(t, testdb.SQLite)
 	require.NoError(t, b.store.Delete(context.Background(), b.db, inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: eventID(25)}))
 
-	code, stdout, stderr := replay(t, append(b.base, "-progress-every", "10", "-show", "3")...)
+	code, stdout, stderr := replay(t, append(b.base, "--progress-every", "10", "--show", "3")...)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, "partition 0: offsets 0 to 20 (20 messages)")
 	require.Regexp(t, `(?m)^  partition=\d offset=\d+ class=(new|conflict|invalid) `, stdout)
@@ -202,14 +200,14 @@ func TestReplayOutput(t *testing.T) {
 	require.Regexp(t, `(?m)^progress: 50/53 messages`, stderr)
 
 	// A conflict says why; an invalid message too.
-	code, stdout, _ = replay(t, append(b.base, "-show", "100")...)
+	code, stdout, _ = replay(t, append(b.base, "--show", "100")...)
 	require.Equal(t, 0, code)
 	require.Regexp(t, `class=conflict key_digest=[0-9a-f]{16} published=\S+ reason="inbox: key [0-9a-f]{16} of operation \\"ship_order\\"`, stdout)
 	require.Regexp(t, `class=invalid published=\S+ reason="dedup: key from metadata \\"event_id\\"`, stdout)
 	require.Regexp(t, `class=new key_digest=`+inbox.ID{Scope: "shop-1", Operation: "ship_order", Key: eventID(25)}.Digest(), stdout)
 
 	// Progress by time alone.
-	code, _, stderr = replay(t, append(b.base, "-progress-every", "0", "-progress-interval", "1ns")...)
+	code, _, stderr = replay(t, append(b.base, "--progress-every", "0", "--progress-interval", "1ns")...)
 	require.Equal(t, 0, code)
 	require.Contains(t, stderr, "progress: ")
 }
@@ -217,17 +215,17 @@ func TestReplayOutput(t *testing.T) {
 // TestReplayFailures: what cannot be read is an error, never a report.
 func TestReplayFailures(t *testing.T) {
 	t.Parallel()
-	b := setup(t, testdb.SQLite)
+	b := replaySetup(t, testdb.SQLite)
 	for _, c := range []struct {
 		name string
 		args []string
 		want string
 	}{
-		{"unknown topic", []string{"-topic", "nope"}, "topic nope"},
-		{"unknown partition", []string{"-partitions", "7"}, "has no partition 7"},
-		{"unknown partition in -from", []string{"-from", "7:0"}, "has no partition 7"},
-		{"no inbox table", []string{"-table", "missing"}, "read the inbox table missing"},
-		{"no broker", []string{"-brokers", "127.0.0.1:1"}, "run out of available brokers"},
+		{"unknown topic", []string{"--topic", "nope"}, "topic nope"},
+		{"unknown partition", []string{"--partitions", "7"}, "has no partition 7"},
+		{"unknown partition in --from", []string{"--from", "7:0"}, "has no partition 7"},
+		{"no inbox table", []string{"--table", "missing"}, "there is no inbox table missing"},
+		{"no broker", []string{"--brokers", "127.0.0.1:1"}, "run out of available brokers"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, _, stderr := replay(t, append(append([]string{}, b.base...), c.args...)...)
@@ -237,44 +235,67 @@ func TestReplayFailures(t *testing.T) {
 	}
 }
 
+// TestReplayLegacyFlags: the single-dash flags of the former
+// inboxmill-replay command still work, mixed with the new ones.
+func TestReplayLegacyFlags(t *testing.T) {
+	t.Parallel()
+	b := replaySetup(t, testdb.SQLite)
+	var legacy []string
+	for _, a := range b.base {
+		if strings.HasPrefix(a, "--") {
+			a = a[1:]
+		}
+		legacy = append(legacy, a)
+	}
+	code, stdout, stderr := replay(t, append(legacy, "-show=0", "-retention", "-1")...)
+	require.Equal(t, 0, code, stderr)
+	require.True(t, strings.HasSuffix(stdout, "messages=53 new=0 duplicate=50 conflict=1 invalid=2 expired=0\n"), stdout)
+}
+
 // TestReplayUsage: bad flags are reported together, with exit status 2,
 // before anything is opened.
 func TestReplayUsage(t *testing.T) {
-	base := []string{"-topic", "t", "-dsn", "x", "-operation", "op", "-key-metadata", "event_id"}
+	base := []string{"--topic", "t", "--dsn", "inbox.db", "--operation", "op", "--key-metadata", "event_id"}
 	for _, c := range []struct {
 		name string
 		args []string
 		want []string
 	}{
-		{"nothing", nil, []string{"-topic is required", "-dsn is required", "-operation is required",
-			"exactly one of -key-metadata and -key-json"}},
-		{"two keys", append(base, "-key-json", "id"), []string{"exactly one of -key-metadata and -key-json"}},
-		{"two scopes", append(base, "-scope-metadata", "tenant", "-scope", "a"), []string{"at most one of -scope-metadata and -scope"}},
-		{"since and from", append(base, "-since", "1h", "-from", "3"), []string{"at most one of -from and -since"}},
-		{"bad since", append(base, "-since", "yesterday"), []string{"-since: \"yesterday\""}},
-		{"bad from", append(base, "-from", "first"), []string{"-from: \"first\""}},
-		{"bad to pair", append(base, "-to", "0:x"), []string{"-to: \"0:x\" is not partition:offset"}},
-		{"partition twice", append(base, "-to", "0:1,0:2"), []string{"partition 0 is given twice"}},
-		{"bad retention", append(base, "-retention", "0"), []string{"-retention: \"0\""}},
-		{"bad dialect", append(base, "-dialect", "oracle"), []string{"-dialect \"oracle\""}},
-		{"raw with ignore", append(base, "-raw-fingerprint", "-ignore-fields", "a"), []string{"-ignore-fields only applies"}},
-		{"bad partitions", append(base, "-partitions", "a"), []string{"-partitions: \"a\""}},
-		{"bad version", append(base, "-kafka-version", "x"), []string{"-kafka-version"}},
+		{"nothing", nil, []string{"--topic is required", "--dsn (or INBOXMILL_DSN) is required", "--operation is required",
+			"exactly one of --key-metadata and --key-json"}},
+		{"two keys", append(base, "--key-json", "id"), []string{"exactly one of --key-metadata and --key-json"}},
+		{"two scopes", append(base, "--scope-metadata", "tenant", "--scope", "a"), []string{"at most one of --scope-metadata and --scope"}},
+		{"since and from", append(base, "--since", "1h", "--from", "3"), []string{"at most one of --from and --since"}},
+		{"bad since", append(base, "--since", "yesterday"), []string{"--since: \"yesterday\""}},
+		{"bad from", append(base, "--from", "first"), []string{"--from: \"first\""}},
+		{"bad to pair", append(base, "--to", "0:x"), []string{"--to: \"0:x\" is not partition:offset"}},
+		{"partition twice", append(base, "--to", "0:1,0:2"), []string{"partition 0 is given twice"}},
+		{"bad retention", append(base, "--retention", "0"), []string{"--retention: \"0\""}},
+		{"bad dialect", append(base, "--dialect", "oracle"), []string{"unknown dialect \"oracle\""}},
+		{"dsn of no known form", []string{"--topic", "t", "--dsn", "x", "--operation", "op", "--key-metadata", "e"},
+			[]string{"cannot tell the database from the DSN x"}},
+		{"raw with ignore", append(base, "--raw-fingerprint", "--ignore-fields", "a"), []string{"--ignore-fields only applies"}},
+		{"bad partitions", append(base, "--partitions", "a"), []string{"--partitions: \"a\""}},
+		{"bad version", append(base, "--kafka-version", "x"), []string{"--kafka-version"}},
 		{"stray argument", append(base, "extra"), []string{"unexpected arguments"}},
-		{"unknown flag", append(base, "-nope"), []string{"flag provided but not defined: -nope"}},
+		{"unknown flag", append(base, "--nope"), []string{"unknown flag: --nope"}},
+		{"unknown legacy flag", append(base, "-nope"), []string{"unknown shorthand flag"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, stdout, stderr := replay(t, c.args...)
-			require.Equal(t, 2, code)
+			require.Equal(t, 2, code, stderr)
 			require.Empty(t, stdout)
 			for _, w := range c.want {
 				require.Contains(t, stderr, w)
 			}
 		})
 	}
-	code, _, stderr := replay(t, "-h")
-	require.Equal(t, 0, code)
-	require.Contains(t, stderr, "usage: inboxmill-replay")
+	for _, h := range []string{"-h", "--help"} {
+		code, stdout, _ := replay(t, h)
+		require.Equal(t, 0, code)
+		require.Contains(t, stdout, "inboxmill replay --brokers HOST:PORT --topic TOPIC")
+		require.Contains(t, stdout, "--progress-interval")
+	}
 }
 
 func TestParseFlagValues(t *testing.T) {

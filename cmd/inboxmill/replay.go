@@ -2,35 +2,17 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
-	_ "github.com/go-sql-driver/mysql" // registers "mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
-	_ "modernc.org/sqlite"             // registers "sqlite"
 
 	"github.com/inboxmill/inboxmill/dedup"
-	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/inbox/mysql"
-	"github.com/inboxmill/inboxmill/inbox/postgres"
-	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
-
-var drivers = map[string]struct {
-	driver  string
-	dialect func() inbox.Dialect
-}{
-	"postgres": {"pgx", postgres.Dialect},
-	"mysql":    {"mysql", mysql.Dialect},
-	"sqlite":   {"sqlite", sqlite.Dialect},
-}
 
 // partitionRange is the offsets [start, end) of one partition to read.
 type partitionRange struct {
@@ -50,12 +32,15 @@ type item struct {
 	err     error
 }
 
-func dryRun(ctx context.Context, o options, stdout, stderr io.Writer) error {
-	db, store, err := openInbox(ctx, o)
+// dryRun reads the range and reports what a replay would do.
+func (a *app) dryRun(ctx context.Context, o options) error {
+	stdout, stderr := a.stdout, a.stderr
+	i, err := openInbox(ctx, a.db, existing, true)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
+	defer i.Close()
+	store := i.store
 	d, err := dedup.New(store, o.dedupConfig())
 	if err != nil {
 		return err
@@ -192,31 +177,6 @@ func describe(it item, class dedup.DryRunClass) string {
 		s += fmt.Sprintf(" reason=%q", it.res.Err.Error())
 	}
 	return s
-}
-
-func openInbox(ctx context.Context, o options) (*sql.DB, *inbox.Store, error) {
-	drv := drivers[o.dialect]
-	dsn := o.dsn
-	if o.dialect == "sqlite" && !strings.HasPrefix(dsn, "file:") {
-		dsn = sqlite.DSN(dsn)
-	}
-	db, err := sql.Open(drv.driver, dsn)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open the inbox database: %w", err)
-	}
-	store, err := inbox.NewStore(db, drv.dialect(), inbox.Config{Table: o.table})
-	if err != nil {
-		_ = db.Close()
-		return nil, nil, err
-	}
-	// One look-up before reading Kafka, so that a wrong DSN or table fails
-	// at once rather than after the first message.
-	_, err = store.Get(ctx, db, inbox.ID{Operation: o.operation, Key: "inboxmill-replay-probe"})
-	if err != nil && !errors.Is(err, inbox.ErrNotFound) {
-		_ = db.Close()
-		return nil, nil, fmt.Errorf("read the inbox table %s: %w", o.table, err)
-	}
-	return db, store, nil
 }
 
 // plan turns the flags into an offset range per partition, within what the
