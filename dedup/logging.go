@@ -95,19 +95,18 @@ func repeatMessage(o Outcome) string {
 func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err error) {
 	d.stats.add(o)
 	d.metrics.observe(id.Operation, o)
-	if d.log.off {
-		return
-	}
 	level := outcomeLevel(o)
+	if !d.log.enabled(level) {
+		return // no fields map to build for a line nobody keeps
+	}
 	var seen repeat
 	if level >= slog.LevelInfo && d.repeats != nil {
 		seen = d.repeats.seen(repeatKey{operation: id.Operation, id: repeatID(msg, id), outcome: o}, time.Now())
 		if !seen.info {
-			level = slog.LevelDebug
+			if level = slog.LevelDebug; !d.log.enabled(level) {
+				return
+			}
 		}
-	}
-	if !d.log.enabled(level) {
-		return // no fields map to build for a line nobody keeps
 	}
 	fields := d.logFields(msg, id, o, err)
 	text := outcomeMessage(o)
