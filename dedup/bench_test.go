@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
@@ -17,14 +18,18 @@ import (
 
 // BenchmarkMiddleware measures, per database, the handler alone in its own
 // transaction (plain: the baseline and the physical limit), the middleware
-// on fresh events, and the middleware on duplicates. scripts/bench.sh turns
-// the results into ratios against plain from the same run.
+// on fresh events, and the middleware on duplicates: with the default
+// TracerProvider (no provider installed, so no spans), and traced by an SDK
+// provider that records every span and exports none, which is the
+// instrumentation's own cost.
 func BenchmarkMiddleware(b *testing.B) {
 	for _, kind := range testdb.All {
 		b.Run(string(kind), func(b *testing.B) {
 			b.Run("plain", func(b *testing.B) { benchPlain(b, kind) })
-			b.Run("fresh", func(b *testing.B) { benchDedup(b, kind, false) })
-			b.Run("duplicate", func(b *testing.B) { benchDedup(b, kind, true) })
+			b.Run("fresh", func(b *testing.B) { benchDedup(b, kind, false, nil) })
+			b.Run("duplicate", func(b *testing.B) { benchDedup(b, kind, true, nil) })
+			b.Run("fresh_traced", func(b *testing.B) { benchDedup(b, kind, false, sdktrace.NewTracerProvider()) })
+			b.Run("duplicate_traced", func(b *testing.B) { benchDedup(b, kind, true, sdktrace.NewTracerProvider()) })
 		})
 	}
 }
@@ -74,7 +79,7 @@ func benchPlain(b *testing.B, kind testdb.Kind) {
 	}
 }
 
-func benchDedup(b *testing.B, kind testdb.Kind, duplicate bool) {
+func benchDedup(b *testing.B, kind testdb.Kind, duplicate bool, tp *sdktrace.TracerProvider) {
 	e := setupBench(b, kind)
 	table := testdb.UniqueName("bench_inbox")
 	store, err := inbox.NewStore(e.db, e.dialect, inbox.Config{Table: table})
@@ -89,7 +94,12 @@ func benchDedup(b *testing.B, kind testdb.Kind, duplicate bool) {
 			_, _ = e.db.Exec("DROP TABLE IF EXISTS " + t)
 		}
 	})
-	d, err := dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "bench"})
+	cfg := dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "bench"}
+	if tp != nil {
+		cfg.TracerProvider = tp
+		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	}
+	d, err := dedup.New(store, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,12 +8,20 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
 // DefaultRetention is how long a record is kept when Config.Retention is 0.
 const DefaultRetention = 7 * 24 * time.Hour
+
+// Defaults of the rate limit on repeated log lines (Config.RepeatLogInterval).
+const (
+	DefaultRepeatLogInterval = time.Minute
+	// DefaultRepeatLogKeys is how many keys the rate limit remembers.
+	DefaultRepeatLogKeys = 1024
+)
 
 // Mode selects how the middleware makes a handler's effect happen once:
 // [Transactional] (the default) or [Reserve]. Each carries the settings of
@@ -210,12 +218,38 @@ type Config struct {
 	// it; a nil pointer is refused).
 	Mode Mode
 
-	// Logger receives one line per delivery: executed at Debug; duplicates,
-	// conflicts, invalid keys and failures at Info (never Error: a duplicate
-	// is the middleware working, and the router logs a returned error
-	// itself). Keys are logged as digests, never payloads.
-	// Defaults to watermill.NopLogger.
+	// Logger receives one line per delivery: executed and duplicate at
+	// Debug (the middleware working as it should); conflicts, invalid keys,
+	// keys held or pending, and failures at Info. Nothing is logged at
+	// Error: the router logs the error a delivery returns itself. A key
+	// that keeps coming back with the same outcome is logged at Info at
+	// most once per RepeatLogInterval (see there). Keys are logged as
+	// digests (inbox.ID.Digest), never as keys or payloads.
+	//
+	// Defaults to slog.Default() as it is when New is called, through
+	// watermill.NewSlogLogger: call slog.SetDefault first to send the lines
+	// to your handler. With the default, lines below the slog handler's
+	// level cost nothing to skip. watermill.NopLogger{} turns logging off.
 	Logger watermill.LoggerAdapter
+
+	// RepeatLogInterval rate-limits the Info lines of a key that keeps
+	// coming back with the same outcome: a reused key redelivered in a
+	// loop (no poison queue), a handler that fails on every redelivery. The
+	// first delivery is logged at Info; repeats within the interval are
+	// logged at Debug; the first repeat after it is logged at Info again,
+	// with "repeats" (deliveries since the first) and "suppressed" (repeats
+	// logged at Debug since the last Info line). A key quiet for a whole
+	// interval starts over. The middleware remembers the last
+	// DefaultRepeatLogKeys keys, least recently seen first out. Defaults to
+	// DefaultRepeatLogInterval (1 minute); -1 logs every delivery at its
+	// level.
+	RepeatLogInterval time.Duration
+
+	// TracerProvider makes the OpenTelemetry spans of each delivery (see
+	// the package documentation, "Tracing"). Defaults to
+	// otel.GetTracerProvider(): no spans, at next to no cost, until the
+	// application installs a provider with otel.SetTracerProvider.
+	TracerProvider trace.TracerProvider
 
 	// Registerer, when set, receives the Prometheus collectors
 	// inboxmill_dedup_messages_total{operation,outcome} and
@@ -231,8 +265,8 @@ func (c Config) withDefaults() Config {
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+	if c.RepeatLogInterval == 0 {
+		c.RepeatLogInterval = DefaultRepeatLogInterval
 	}
 	switch m := c.Mode.(type) {
 	case nil:
@@ -260,6 +294,10 @@ func (c Config) validate() error {
 	}
 	if c.Fingerprint != nil && len(c.IgnoreFields) > 0 {
 		errs = append(errs, fmt.Errorf("%w: IgnoreFields only applies to the default Fingerprint", ErrInvalidConfig))
+	}
+	if c.RepeatLogInterval < -1 {
+		errs = append(errs, fmt.Errorf("%w: RepeatLogInterval %v is negative (use -1 to log every repeat)",
+			ErrInvalidConfig, c.RepeatLogInterval))
 	}
 	if c.Retention < -1 {
 		errs = append(errs, fmt.Errorf("%w: Retention %v is negative (use -1 to keep records forever)", ErrInvalidConfig, c.Retention))

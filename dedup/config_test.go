@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
@@ -77,6 +78,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{name: "empty ignore path", store: store, mutate: func(c *dedup.Config) { c.IgnoreFields = []string{"ok", ""} }, want: `ignore path ""`},
 		{name: "ignore path with a trailing dot", store: store, mutate: func(c *dedup.Config) { c.IgnoreFields = []string{"meta."} }, want: `ignore path "meta."`},
 		{name: "ignore path with a leading dot", store: store, mutate: func(c *dedup.Config) { c.IgnoreFields = []string{".meta"} }, want: `ignore path ".meta"`},
+		{name: "RepeatLogInterval -2ns", store: store, mutate: func(c *dedup.Config) { c.RepeatLogInterval = -2 }, want: "RepeatLogInterval -2ns is negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -150,6 +152,8 @@ func TestNewAcceptsValidConfigs(t *testing.T) {
 		{name: "only Key", cfg: dedup.Config{Key: dedup.KeyFromMetadata("event_id")}},
 		{name: "Retention -1 keeps forever", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Retention: -1}},
 		{name: "Retention 1ns", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Retention: 1}},
+		{name: "RepeatLogInterval -1 logs every repeat", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), RepeatLogInterval: -1}},
+		{name: "a TracerProvider of its own", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), TracerProvider: noop.NewTracerProvider()}},
 		{name: "ClaimAttempts 1", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Mode: dedup.Transactional{ClaimAttempts: 1}}},
 		{name: "Operation of 255 bytes", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Operation: strings.Repeat("o", 255)}},
 		{name: "valid IgnoreFields", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), IgnoreFields: []string{"sent_at", "meta.trace_id", "a.b.c.d"}}},
@@ -160,7 +164,8 @@ func TestNewAcceptsValidConfigs(t *testing.T) {
 			IgnoreFields: []string{"sent_at"}, Retention: time.Hour,
 			Mode: dedup.Transactional{TxOptions: &sql.TxOptions{}, ClaimAttempts: 10, ReadFirst: dedup.ReadFirstNever,
 				JoinTx: func(context.Context) (*sql.Tx, bool) { return nil, false }},
-			Logger: watermill.NopLogger{}, Registerer: prometheus.NewRegistry(),
+			Logger: watermill.NopLogger{}, RepeatLogInterval: time.Second, Registerer: prometheus.NewRegistry(),
+			TracerProvider: noop.NewTracerProvider(),
 		}},
 	}
 	for _, tt := range tests {
@@ -203,6 +208,8 @@ func TestNewDoesNotMutateTheCallersConfig(t *testing.T) {
 	require.Zero(t, cfg.Retention, "Retention default not written back")
 	require.Nil(t, cfg.Mode, "Mode default not written back")
 	require.Nil(t, cfg.Logger, "Logger default not written back")
+	require.Zero(t, cfg.RepeatLogInterval, "RepeatLogInterval default not written back")
+	require.Nil(t, cfg.TracerProvider, "TracerProvider default not written back")
 	require.Nil(t, cfg.Registerer)
 
 	// The same Config value can build a second Deduplicator.

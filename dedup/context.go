@@ -12,6 +12,9 @@ type ctxKey int
 const (
 	txKey ctxKey = iota
 	claimKey
+	// deliverySpanKey holds the delivery's span while the middleware runs
+	// (the current span of the context may be a phase's).
+	deliverySpanKey
 )
 
 // TxFromContext returns the transaction the middleware claimed the message

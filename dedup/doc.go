@@ -52,6 +52,37 @@
 //		return err
 //	}
 //
+// # Logging
+//
+// Config.Logger defaults to slog.Default() through watermill.NewSlogLogger.
+// A delivery that executed or was a duplicate is a Debug line; one refused,
+// held, pending or failed is an Info line, and a key that keeps coming back
+// with the same outcome — a reused key redelivered in a loop for want of a
+// poison queue — is logged at Info once per Config.RepeatLogInterval with
+// the number of repeats. Keys appear only as their digest
+// (inbox.ID.Digest) under key_digest, as in the inboxmill-replay command's
+// output, so a line leads to its record without revealing the key.
+//
+// # Tracing
+//
+// With an OpenTelemetry provider installed (otel.SetTracerProvider, or
+// Config.TracerProvider), each delivery is an inboxmill.delivery span with
+// a child per phase:
+//
+//	transactional: inboxmill.claim → inboxmill.handler → inboxmill.commit
+//	reserve:       inboxmill.reserve → inboxmill.handler → inboxmill.complete | .pend | .fail | .release
+//
+// A duplicate has a claim (or reserve) span with outcome "duplicate" and no
+// handler span. The handler's context carries the inboxmill.handler span,
+// so its own spans nest below it. The delivery span is parented on the span
+// in the message's context or, failing that, on the trace context the
+// global propagator (otel.SetTextMapPropagator(propagation.TraceContext{}))
+// finds in the message's metadata, such as the traceparent that
+// watermill-kafka's otelsarama tracing writes into the Kafka headers.
+// Attributes: inboxmill.outcome, inboxmill.operation, inboxmill.attempt,
+// inboxmill.key_digest (never the key), inboxmill.mode. Until a provider is
+// installed the spans are not made at all and cost no allocation.
+//
 // # What it does not cover
 //
 // Writes that bypass the transaction (another connection, an HTTP call) are

@@ -40,18 +40,25 @@ var (
 func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, id identity) (
 	[]*message.Message, Outcome, error,
 ) {
+	setDeliveryBool(ctx, attrJoined, true)
 	if err := d.txs.claim(tx, msg.UUID); err != nil {
 		return nil, OutcomeRetry, err
 	}
 	var (
 		out     []*message.Message
 		outcome Outcome
+		commit  span // storing the output and releasing the savepoint
 	)
 	err := d.store.WithSavepoint(ctx, tx, func() error {
 		var err error
-		out, outcome, _, err = d.inTx(ctx, tx, tx, msg, h, id)
+		out, outcome, _, commit, err = d.inTx(ctx, tx, tx, msg, h, id)
 		return err
 	})
+	if err != nil {
+		commit.end(string(OutcomeRetry), 0, err)
+	} else {
+		commit.end(string(outcome), 0, nil)
+	}
 	switch {
 	case err == nil:
 		return out, outcome, nil
@@ -65,11 +72,14 @@ func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Mess
 	if errors.As(err, &pe) {
 		// Recorded in the consuming transaction, so it commits with the
 		// ack that the poison queue's handling causes.
-		if _, cerr := d.store.Claim(ctx, tx, d.permanentClaim(msg, id, pe)); cerr != nil {
+		fctx, sp := d.startPhase(ctx, spanFail, id)
+		if _, cerr := d.store.Claim(fctx, tx, d.permanentClaim(msg, id, pe)); cerr != nil {
 			// Unrecorded, it must not reach the poison queue: nacked, the
 			// redelivery records it.
+			sp.end(string(OutcomeRetry), 0, cerr)
 			return nil, OutcomeRetry, fmt.Errorf("dedup: record the permanent failure %q: %w", pe.Error(), cerr)
 		}
+		sp.end(string(OutcomeFailed), 0, nil)
 		outcome = OutcomeFailed
 	}
 	return nil, outcome, err

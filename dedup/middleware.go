@@ -27,6 +27,9 @@ type Deduplicator struct {
 	stats   counters
 	txs     txRegistry
 	dups    dupRate
+	log     logger
+	repeats *repeats // nil: every line at its level
+	trace   tracing
 }
 
 // New returns a Deduplicator over store. It validates cfg (reporting every
@@ -51,7 +54,8 @@ func New(store *inbox.Store, cfg Config) (*Deduplicator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dedup: register metrics: %w", err)
 	}
-	d := &Deduplicator{store: store, cfg: cfg, fp: fp, metrics: m}
+	d := &Deduplicator{store: store, cfg: cfg, fp: fp, metrics: m, log: newLogger(cfg.Logger),
+		repeats: newRepeats(cfg.RepeatLogInterval, DefaultRepeatLogKeys), trace: newTracing(cfg.TracerProvider)}
 	switch mode := cfg.Mode.(type) {
 	case Transactional:
 		d.tx = mode
@@ -134,9 +138,13 @@ func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
 }
 
 func (d *Deduplicator) handle(msg *message.Message, h message.HandlerFunc) ([]*message.Message, error) {
+	orig := msg.Context()
+	ds := d.startDelivery(msg)
+	defer msg.SetContext(orig)
 	id, err := d.identify(msg)
 	if err != nil {
 		d.finish(msg, id, OutcomeInvalid, err)
+		ds.endDelivery(id, OutcomeInvalid, err)
 		return nil, err
 	}
 	var (
@@ -149,19 +157,21 @@ func (d *Deduplicator) handle(msg *message.Message, h message.HandlerFunc) ([]*m
 		out, outcome, err = d.transactional(msg, h, id)
 	}
 	d.finish(msg, id, outcome, err)
+	ds.endDelivery(id, outcome, err)
 	return out, err
 }
 
-// run calls h with the transaction and claim in the message's context, turns
-// a panic into an error, and puts the original context back: the message may
-// be redelivered as the same value, and must not carry a finished
-// transaction into the next attempt.
+// run calls h with ctx, the transaction and the claim in the message's
+// context, turns a panic into an error, and puts the message's context
+// back: the message may be redelivered as the same value, and must not
+// carry a finished transaction into the next attempt.
 func (d *Deduplicator) run(ctx context.Context, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, c Claim) (
 	out []*message.Message, err error,
 ) {
+	orig := msg.Context()
 	msg.SetContext(withClaim(ctx, tx, c))
 	defer func() {
-		msg.SetContext(ctx)
+		msg.SetContext(orig)
 		if r := recover(); r != nil {
 			out, err = nil, &PanicError{Value: r, Stack: string(debug.Stack())}
 		}
@@ -202,33 +212,6 @@ func (d *Deduplicator) logFields(msg *message.Message, id identity, o Outcome, e
 		fields["error"] = err.Error()
 	}
 	return fields
-}
-
-func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err error) {
-	d.stats.add(o)
-	d.metrics.observe(id.Operation, o)
-	if _, nop := d.cfg.Logger.(watermill.NopLogger); nop {
-		return // no fields map to build for a logger that drops them
-	}
-	fields := d.logFields(msg, id, o, err)
-	switch o {
-	case OutcomeExecuted:
-		d.cfg.Logger.Debug("inboxmill: handler executed", fields)
-	case OutcomeDuplicate:
-		d.cfg.Logger.Info("inboxmill: duplicate acknowledged without running the handler", fields)
-	case OutcomeConflict:
-		d.cfg.Logger.Info("inboxmill: key reused with a different payload; refused", fields)
-	case OutcomeInFlight:
-		d.cfg.Logger.Info("inboxmill: key held by another delivery; retry later", fields)
-	case OutcomeInvalid:
-		d.cfg.Logger.Info("inboxmill: message has no usable idempotency key; refused", fields)
-	case OutcomeFailed:
-		d.cfg.Logger.Info("inboxmill: handler failed permanently; recorded, will not run again", fields)
-	case OutcomePending:
-		d.cfg.Logger.Info("inboxmill: outcome uncertain; pending until reconciled", fields)
-	default:
-		d.cfg.Logger.Info("inboxmill: delivery failed and was rolled back or released for retry", fields)
-	}
 }
 
 // correlationID picks up the correlation ID set by watermill's

@@ -306,7 +306,7 @@ func TestLoggingLevelsAndRedaction(t *testing.T) {
 
 	deliveries := []delivery{
 		{name: "executed", key: secretKey, payload: payload, outcome: dedup.OutcomeExecuted, level: "debug"},
-		{name: "duplicate", key: secretKey, payload: payload, outcome: dedup.OutcomeDuplicate, level: "info"},
+		{name: "duplicate", key: secretKey, payload: payload, outcome: dedup.OutcomeDuplicate, level: "debug"},
 		{name: "conflict", key: secretKey, payload: `{"card":"` + secretPay + `","amount":2}`, outcome: dedup.OutcomeConflict, level: "info"},
 		{name: "in flight", key: heldKey, payload: payload, outcome: dedup.OutcomeInFlight, level: "info"},
 		{name: "failed", key: secretKey + "-fail", payload: payload, mode: "fail", outcome: dedup.OutcomeRetry, level: "info"},

@@ -85,16 +85,22 @@ func (d *Deduplicator) shouldReadFirst() bool {
 // delivery without a claim: done reports that. Anything else — no record,
 // one still processing or pending, a read error — goes the transactional
 // way, whose claim is the arbiter.
-func (d *Deduplicator) readFirst(ctx context.Context, id identity) (out []*message.Message, outcome Outcome, err error, done bool) {
+// attempt is the record's, when there is one.
+func (d *Deduplicator) readFirst(ctx context.Context, id identity) (
+	out []*message.Message, outcome Outcome, attempt int64, err error, done bool,
+) {
 	start := time.Now()
 	rec, gerr := d.store.Get(ctx, d.store.DB(), id.ID)
 	d.metrics.observeClaim(id.Operation, time.Since(start))
-	if gerr != nil || !rec.Status.Finished() {
-		return nil, "", nil, false
+	if gerr != nil {
+		return nil, "", 0, nil, false
+	}
+	if !rec.Status.Finished() {
+		return nil, "", rec.Attempt, nil, false
 	}
 	if !rec.SamePayload(id.hash) {
-		return nil, OutcomeConflict, &inbox.ConflictError{ID: id.ID, Existing: rec}, true
+		return nil, OutcomeConflict, rec.Attempt, &inbox.ConflictError{ID: id.ID, Existing: rec}, true
 	}
 	out, outcome, err = d.replay(rec)
-	return out, outcome, err, true
+	return out, outcome, rec.Attempt, err, true
 }

@@ -28,10 +28,30 @@ const finishTimeout = 15 * time.Second
 func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id identity) (
 	[]*message.Message, Outcome, error,
 ) {
-	ctx := msg.Context()
+	rctx, sp := d.startPhase(msg.Context(), spanReserve, id)
+	lease, rec, out, outcome, err := d.acquire(rctx, msg, id)
+	if lease == nil {
+		var attempt int64
+		if rec != nil {
+			attempt = rec.Attempt
+		}
+		sp.end(string(outcome), attempt, err)
+		return out, outcome, err
+	}
+	sp.setBool(attrTakeover, rec != nil)
+	sp.end(phaseClaimed, lease.Attempt(), nil)
+	return d.execute(msg, h, id, lease)
+}
+
+// acquire reserves the intent: it returns the lease when the handler is
+// to run under it (with the record it took over, or nil for a new
+// reservation), and otherwise what the delivery does instead, with the
+// last record it read.
+func (d *Deduplicator) acquire(ctx context.Context, msg *message.Message, id identity) (
+	lease *inbox.Lease, rec *inbox.Record, out []*message.Message, outcome Outcome, err error,
+) {
 	rs := d.rs
 	waitUntil := time.Now().Add(max(rs.InFlightWait, 0))
-	var rec *inbox.Record
 	for {
 		if rec == nil {
 			start := time.Now()
@@ -46,11 +66,11 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 			d.metrics.observeClaim(id.Operation, time.Since(start))
 			switch {
 			case errors.Is(err, ErrPayloadConflict):
-				return nil, OutcomeConflict, err
+				return nil, nil, nil, OutcomeConflict, err
 			case err != nil:
-				return nil, OutcomeRetry, err
+				return nil, nil, nil, OutcomeRetry, err
 			case res.Lease != nil:
-				return d.execute(msg, h, id, res.Lease)
+				return res.Lease, nil, nil, "", nil
 			}
 			rec = res.Record
 		}
@@ -58,10 +78,11 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 		var leaseLeft time.Duration
 		switch rec.Status {
 		case inbox.StatusCompleted, inbox.StatusFailed:
-			return d.replay(rec)
+			out, outcome, err := d.replay(rec)
+			return nil, rec, out, outcome, err
 		case inbox.StatusPending:
 			if rs.AckPending {
-				return nil, OutcomePending, nil
+				return nil, rec, nil, OutcomePending, nil
 			}
 		case inbox.StatusProcessing:
 			now := d.store.Now()
@@ -71,7 +92,7 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 				case err == nil:
 					d.stats.takeover.Add(1)
 					d.metrics.observeTakeover(id.Operation)
-					return d.execute(msg, h, id, lease)
+					return lease, rec, nil, "", nil
 				case errors.Is(err, inbox.ErrLeaseLost), errors.Is(err, inbox.ErrIllegalTransition):
 					// Another delivery took it first (or the store's clock
 					// moved back past the lease): read what it did. If the
@@ -82,7 +103,7 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 						continue
 					}
 				default:
-					return nil, OutcomeRetry, err
+					return nil, rec, nil, OutcomeRetry, err
 				}
 			}
 			leaseLeft = rec.LeaseUntil.Sub(now)
@@ -92,9 +113,9 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 		left := time.Until(waitUntil)
 		if left <= 0 {
 			if rec.Status == inbox.StatusPending {
-				return nil, OutcomePending, fmt.Errorf("%w (attempt %d)", ErrPending, rec.Attempt)
+				return nil, rec, nil, OutcomePending, fmt.Errorf("%w (attempt %d)", ErrPending, rec.Attempt)
 			}
-			return nil, OutcomeInFlight, fmt.Errorf("%w (held by %s, attempt %d)", ErrInFlight, rec.LeaseOwner, rec.Attempt)
+			return nil, rec, nil, OutcomeInFlight, fmt.Errorf("%w (held by %s, attempt %d)", ErrInFlight, rec.LeaseOwner, rec.Attempt)
 		}
 		pause := min(rs.InFlightPoll, left)
 		if leaseLeft > 0 {
@@ -102,7 +123,7 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 		}
 		select {
 		case <-ctx.Done():
-			return nil, OutcomeRetry, ctx.Err()
+			return nil, rec, nil, OutcomeRetry, ctx.Err()
 		case <-time.After(pause):
 		}
 		rec = d.reread(ctx, id)
@@ -129,10 +150,10 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 	// another worker owns the intent, and this one should stop its call.
 	hctx, lost := context.WithCancelCause(ctx)
 	stop := d.heartbeat(msg, id, lease, lost)
-	out, herr := d.run(hctx, nil, msg, h, d.claimFor(id, lease.Attempt()))
+	sctx, sp := d.startPhase(hctx, spanHandler, id)
+	out, herr := d.run(sctx, nil, msg, h, d.claimFor(id, lease.Attempt()))
 	stop()
 	lost(nil)
-	msg.SetContext(ctx)
 
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
@@ -146,32 +167,45 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 	)
 	switch {
 	case herr == nil:
+		sp.end(string(OutcomeExecuted), lease.Attempt(), nil)
 		enc, err := encodeMessages(out)
 		if err != nil {
 			// The effect happened; record it, without the unusable output.
-			d.cfg.Logger.Info("inboxmill: handler output cannot be stored; recording completion without it",
+			d.log.Info("inboxmill: handler output cannot be stored; recording completion without it",
 				d.logFields(msg, id, OutcomeExecuted, err))
 			out = nil
 		}
 		to, outcome = inbox.StatusCompleted, OutcomeExecuted
+		fctx, sp = d.startPhase(fctx, spanComplete, id)
 		ferr = lease.Complete(fctx, inbox.Outcome{Result: enc})
 	case errors.As(herr, &ue):
+		sp.end(string(OutcomePending), lease.Attempt(), herr)
 		to, outcome = inbox.StatusPending, OutcomePending
 		if !d.rs.AckPending {
 			ret = fmt.Errorf("%w: %w", ErrPending, herr)
 		}
+		fctx, sp = d.startPhase(fctx, spanPend, id)
 		ferr = lease.Pend(fctx, ue.ExternalRef, errorText(ue.Err))
 	case errors.As(herr, &pe):
+		sp.end(string(OutcomeFailed), lease.Attempt(), herr)
 		to, outcome, ret = inbox.StatusFailed, OutcomeFailed, herr
+		fctx, sp = d.startPhase(fctx, spanFail, id)
 		ferr = lease.Fail(fctx, errorText(pe.Err))
 	default:
 		// Transient: release the reservation so the redelivery takes it
 		// over at once instead of waiting out the lease.
+		sp.end(string(OutcomeRetry), lease.Attempt(), herr)
 		to, outcome, ret = inbox.StatusProcessing, OutcomeRetry, herr
+		fctx, sp = d.startPhase(fctx, spanRelease, id)
 		ferr = lease.Release(fctx, errorText(herr))
 	}
+	if ferr != nil {
+		sp.end(string(OutcomeRetry), lease.Attempt(), ferr)
+	} else {
+		sp.end(string(outcome), lease.Attempt(), nil)
+	}
 	if ferr == nil && lease.Dropped() != "" {
-		d.cfg.Logger.Info("inboxmill: outcome recorded without what the database cannot store",
+		d.log.Info("inboxmill: outcome recorded without what the database cannot store",
 			d.logFields(msg, id, outcome, fmt.Errorf("dropped: %s", lease.Dropped())))
 	}
 	if ferr != nil {
@@ -216,12 +250,12 @@ func (d *Deduplicator) heartbeat(msg *message.Message, id identity, lease *inbox
 			switch {
 			case err == nil, ctx.Err() != nil:
 			case errors.Is(err, inbox.ErrLeaseLost), errors.Is(err, inbox.ErrNotFound):
-				d.cfg.Logger.Info("inboxmill: lease lost while the handler runs; another worker took over",
+				d.log.Info("inboxmill: lease lost while the handler runs; another worker took over",
 					d.logFields(msg, id, OutcomeRetry, err))
 				lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
 				return
 			default:
-				d.cfg.Logger.Info("inboxmill: heartbeat failed; will try again", d.logFields(msg, id, OutcomeRetry, err))
+				d.log.Info("inboxmill: heartbeat failed; will try again", d.logFields(msg, id, OutcomeRetry, err))
 			}
 		}
 	}()

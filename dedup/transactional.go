@@ -25,10 +25,15 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 		}
 	}
 	if d.shouldReadFirst() {
-		if out, outcome, err, done := d.readFirst(ctx, id); done {
+		cctx, sp := d.startPhase(ctx, spanClaim, id)
+		sp.setBool(attrReadFirst, true)
+		out, outcome, attempt, err, done := d.readFirst(cctx, id)
+		if done {
+			sp.end(string(outcome), attempt, err)
 			d.dups.observe(outcome == OutcomeDuplicate)
 			return out, outcome, err
 		}
+		sp.end("undecided", attempt, nil)
 	}
 	for attempt := 1; ; attempt++ {
 		out, outcome, ran, err := d.once(ctx, msg, h, id)
@@ -55,17 +60,21 @@ func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message
 	if err != nil {
 		return nil, OutcomeRetry, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
 	}
-	out, outcome, ran, err = d.inTx(ctx, tx, tx.Tx, msg, h, id)
+	out, outcome, ran, commit, err := d.inTx(ctx, tx, tx.Tx, msg, h, id)
 	if err != nil || outcome != OutcomeExecuted {
 		// A duplicate only read; a failure must leave nothing behind.
 		_ = tx.Rollback()
+		commit.end(string(OutcomeRetry), 0, err)
 		return out, outcome, ran, err
 	}
 	if err := tx.Commit(); err != nil {
 		// After a lost connection the commit may have happened; the
 		// redelivery's claim finds out, so a nack is safe either way.
-		return nil, OutcomeRetry, true, fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+		err = fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+		commit.end(string(OutcomeRetry), 0, err)
+		return nil, OutcomeRetry, true, err
 	}
+	commit.end(string(OutcomeExecuted), 0, nil)
 	return out, OutcomeExecuted, true, nil
 }
 
@@ -75,12 +84,15 @@ func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message
 // statements. It neither commits nor rolls back: the caller owns tx,
 // whether the middleware began it or a transport's consuming transaction
 // (with a savepoint around the attempt) is joined. On OutcomeExecuted the
-// caller commits; on anything else it rolls back.
+// caller commits; on anything else it rolls back. Once the handler has
+// succeeded, commit is the span of storing its output and committing,
+// which the caller ends.
 func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *message.Message, h message.HandlerFunc, id identity) (
-	out []*message.Message, outcome Outcome, ran bool, err error,
+	out []*message.Message, outcome Outcome, ran bool, commit span, err error,
 ) {
+	cctx, sp := d.startPhase(ctx, spanClaim, id)
 	start := time.Now()
-	res, err := d.store.Claim(ctx, q, inbox.ClaimParams{
+	res, err := d.store.Claim(cctx, q, inbox.ClaimParams{
 		ID:            id.ID,
 		PayloadHash:   id.hash,
 		Status:        inbox.StatusCompleted,
@@ -90,31 +102,51 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 	d.metrics.observeClaim(id.Operation, time.Since(start))
 	switch {
 	case errors.Is(err, ErrPayloadConflict):
-		return nil, OutcomeConflict, false, err
+		sp.end(string(OutcomeConflict), 0, err)
+		return nil, OutcomeConflict, false, span{}, err
 	case err != nil:
-		return nil, OutcomeRetry, false, err
+		sp.end(string(OutcomeRetry), 0, err)
+		return nil, OutcomeRetry, false, span{}, err
 	case !res.Claimed:
 		out, outcome, err := d.replay(res.Record)
-		return out, outcome, false, err
+		sp.end(string(outcome), res.Record.Attempt, err)
+		return out, outcome, false, span{}, err
 	}
+	sp.end(phaseClaimed, res.Record.Attempt, nil)
 
 	claim := d.claimFor(id, res.Record.Attempt)
-	out, err = d.run(ctx, tx, msg, h, claim)
+	hctx, sp := d.startPhase(ctx, spanHandler, id)
+	out, err = d.run(hctx, tx, msg, h, claim)
 	if err != nil {
-		return nil, OutcomeRetry, true, d.classifyHandlerErr(ctx, tx, err)
+		err = d.classifyHandlerErr(ctx, tx, err)
+		sp.end(string(handlerOutcome(err)), claim.Attempt, err)
+		return nil, OutcomeRetry, true, span{}, err
 	}
+	sp.end(string(OutcomeExecuted), claim.Attempt, nil)
+
+	octx, commit := d.startPhase(ctx, spanCommit, id)
 	if len(out) > 0 {
 		// Inserted as completed without a result (see ClaimParams.Status);
 		// only handlers that produce messages pay for this second statement.
 		enc, err := encodeMessages(out)
 		if err != nil {
-			return nil, OutcomeRetry, true, err
+			return nil, OutcomeRetry, true, commit, err
 		}
-		if err := d.store.SaveOutput(ctx, q, res.Record, enc); err != nil {
-			return nil, OutcomeRetry, true, fmt.Errorf("dedup: store output: %w", err)
+		if err := d.store.SaveOutput(octx, q, res.Record, enc); err != nil {
+			return nil, OutcomeRetry, true, commit, fmt.Errorf("dedup: store output: %w", err)
 		}
 	}
-	return out, OutcomeExecuted, true, nil
+	return out, OutcomeExecuted, true, commit, nil
+}
+
+// handlerOutcome is what a transactional handler's error leads to: a
+// recorded failure for a Permanent one, a retry for any other.
+func handlerOutcome(err error) Outcome {
+	var pe *PermanentError
+	if errors.As(err, &pe) {
+		return OutcomeFailed
+	}
+	return OutcomeRetry
 }
 
 // recordPermanent records a permanent failure after the handler's
@@ -127,18 +159,23 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 func (d *Deduplicator) recordPermanent(ctx context.Context, msg *message.Message, id identity, pe *PermanentError, err error) (
 	[]*message.Message, Outcome, error,
 ) {
-	res, cerr := d.store.Claim(context.WithoutCancel(ctx), d.store.DB(), d.permanentClaim(msg, id, pe))
+	fctx, sp := d.startPhase(context.WithoutCancel(ctx), spanFail, id)
+	res, cerr := d.store.Claim(fctx, d.store.DB(), d.permanentClaim(msg, id, pe))
 	switch {
 	case cerr != nil:
+		sp.end(string(OutcomeRetry), 0, cerr)
 		// Not the permanent error itself: a poison queue would take the
 		// message, while nothing recorded the failure. Nacked, the
 		// redelivery runs the handler again and records it then.
-		d.cfg.Logger.Info("inboxmill: could not record a permanent failure; the message will be retried",
+		d.log.Info("inboxmill: could not record a permanent failure; the message will be retried",
 			d.logFields(msg, id, OutcomeRetry, cerr))
 		return nil, OutcomeRetry, fmt.Errorf("dedup: record the permanent failure %q: %w", pe.Error(), cerr)
 	case !res.Claimed:
-		return d.replay(res.Record)
+		out, outcome, err := d.replay(res.Record)
+		sp.end(string(outcome), res.Record.Attempt, err)
+		return out, outcome, err
 	}
+	sp.end(string(OutcomeFailed), res.Record.Attempt, nil)
 	return nil, OutcomeFailed, err
 }
 
@@ -151,7 +188,7 @@ func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, e
 			// The intent is done; a result this middleware cannot read (set
 			// by hand or by a reconciler that did not use EncodeOutput) must
 			// not turn every redelivery into a failure. Ack, replay nothing.
-			d.cfg.Logger.Info("inboxmill: stored result is not replayable output; acking the duplicate without it",
+			d.log.Info("inboxmill: stored result is not replayable output; acking the duplicate without it",
 				watermill.LogFields{"operation": rec.Operation, "scope": rec.Scope,
 					"key_digest": rec.Digest(), "error": err.Error()})
 			return nil, OutcomeDuplicate, nil

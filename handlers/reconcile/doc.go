@@ -35,4 +35,13 @@
 // [Failed] fails it for good, [NotHappened] releases it so the next
 // redelivery runs the handler again with the same idempotency key, and
 // [Unresolved] leaves it pending to be asked about on a later pass.
+//
+// # Observability
+//
+// Verdicts are logged to Config.Logger (slog.Default() unless set) and
+// counted in Prometheus when Config.Registerer is set. With an
+// OpenTelemetry provider installed, each pass is a span
+// (inboxmill.reconcile) with one child per record (inboxmill.resolve),
+// whose context Resolve receives; docs/observability.md lists their
+// attributes.
 package reconcile

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/internal/service"
@@ -104,8 +108,19 @@ type Config struct {
 	// inbox.MaxOwnerLen bytes. Defaults to inbox.NewOwnerID("reconciler").
 	Owner string
 
-	// Logger defaults to watermill.NopLogger.
+	// Logger receives a line per verdict recorded (Info), per record whose
+	// Resolve failed (Info) and per record still unresolved after MaxTries
+	// passes or pass that failed (Error). Keys are logged as digests.
+	// Defaults to slog.Default() as it is when New is called, through
+	// watermill.NewSlogLogger; watermill.NopLogger{} turns logging off.
 	Logger watermill.LoggerAdapter
+
+	// TracerProvider makes a span per pass, inboxmill.reconcile, with a
+	// child inboxmill.resolve per record (whose context Resolve gets, so
+	// a traced provider call nests below it). Defaults to
+	// otel.GetTracerProvider(): no spans until the application installs a
+	// provider.
+	TracerProvider trace.TracerProvider
 
 	// Registerer, when set, receives inboxmill_reconciler_pending,
 	// inboxmill_reconciler_oldest_pending_age_seconds,
@@ -143,7 +158,10 @@ func (c Config) withDefaults() Config {
 		c.Owner = inbox.NewOwnerID("reconciler")
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = watermill.NewSlogLogger(slog.Default())
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	return c
 }
@@ -182,6 +200,7 @@ type Reconciler struct {
 	store   *inbox.Store
 	cfg     Config
 	metrics *reconcilerMetrics
+	tracer  trace.Tracer
 
 	mu    sync.Mutex
 	tries map[inbox.ID]int
@@ -205,7 +224,8 @@ func New(store *inbox.Store, cfg Config) (*Reconciler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: register metrics: %w", err)
 	}
-	return &Reconciler{store: store, cfg: cfg, metrics: m, tries: map[inbox.ID]int{}}, nil
+	return &Reconciler{store: store, cfg: cfg, metrics: m, tries: map[inbox.ID]int{},
+		tracer: cfg.TracerProvider.Tracer(tracerName)}, nil
 }
 
 // Report counts what one pass did.
@@ -233,10 +253,12 @@ type held struct {
 // (so a crashed worker cannot finish them any more), then every loaded
 // record is resolved. Errors of single records are logged and counted as
 // unresolved; the returned error is for failures to load or record.
-func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
+func (r *Reconciler) RunOnce(ctx context.Context) (rep Report, err error) {
 	r.runMu.Lock()
 	defer r.runMu.Unlock()
-	rep := Report{Resolved: map[Verdict]int{}}
+	ctx, span := r.tracer.Start(ctx, spanPass, trace.WithAttributes(attrTable.String(r.store.Table())))
+	defer func() { endPass(span, rep, err) }()
+	rep = Report{Resolved: map[Verdict]int{}}
 
 	var recs []held
 	var errs []error
@@ -261,8 +283,8 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
 			}
 		}
 	}
-	pending, err := r.store.ListPending(ctx, r.cfg.BatchSize)
-	if err != nil {
+	pending, perr := r.store.ListPending(ctx, r.cfg.BatchSize)
+	if err := perr; err != nil {
 		errs = append(errs, err)
 	}
 	for _, rec := range pending {
@@ -327,9 +349,17 @@ const abandoned = "abandoned by its worker; outcome unknown"
 
 // resolve asks about one record and records the verdict through its
 // handle; the store decides whether the move is still legal.
-func (r *Reconciler) resolve(ctx context.Context, h held) (Verdict, error) {
+func (r *Reconciler) resolve(ctx context.Context, h held) (v Verdict, err error) {
 	rec := h.rec
+	ctx, span := r.tracer.Start(ctx, spanResolve, trace.WithAttributes(
+		attrOperation.String(rec.Operation), attrKeyDigest.String(rec.Digest()),
+		attrAttempt.Int64(rec.Attempt), attrStatus.String(string(rec.Status))))
+	defer func() { endResolve(span, v, err) }()
 	res, err := r.cfg.Resolve(ctx, rec)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
 	if err != nil {
 		r.cfg.Logger.Info("inboxmill: resolve failed; will ask again", r.fieldsErr(rec, err))
 		res = Resolution{Verdict: Unresolved}
