@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/migrationfiles"
 )
 
 func (a *app) migrateCmd() *cobra.Command {
@@ -109,15 +110,37 @@ type upFlags struct {
 	to      int
 	print   bool
 	version int
+	format  string
+	dir     string
 }
 
 func (f *upFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.to, "to", 0, "apply the versions up to this one (default: all)")
 	cmd.Flags().BoolVar(&f.print, "print", false, "write the SQL of the dialect's migrations to standard output instead (connects to nothing)")
 	cmd.Flags().IntVar(&f.version, "version", 0, "with --print: only this version")
+	cmd.Flags().StringVar(&f.format, "format", "", "with --print: render the migrations for a tool: "+
+		strings.Join(formatNames(), ", ")+" (each file up and down, headed by its name; default: the up SQL alone)")
+	cmd.Flags().StringVar(&f.dir, "dir", "", "with --print: write the files of --format (default sql) into this directory instead of standard output")
+}
+
+func formatNames() []string {
+	var names []string
+	for _, f := range migrationfiles.Formats() {
+		names = append(names, f.String())
+	}
+	return names
 }
 
 func (a *app) migrateUp(cmd *cobra.Command, f upFlags) error {
+	if !f.print && (f.format != "" || f.dir != "") {
+		return usageErr(fmt.Errorf("--format and --dir go with --print"))
+	}
+	if f.print && (f.format != "" || f.dir != "") {
+		if f.version != 0 || f.to != 0 {
+			return usageErr(fmt.Errorf("--format and --dir render every version; leave out --version and --to"))
+		}
+		return a.renderMigrations(cmd, f.format, f.dir)
+	}
 	if f.print {
 		return a.printMigrations(cmd, true, f.version, f.to)
 	}
@@ -274,6 +297,52 @@ func (a *app) printMigrations(cmd *cobra.Command, up bool, version, upTo int) er
 		slices.Reverse(out)
 	}
 	return writeMigrations(cmd.OutOrStdout(), d, a.db.table, out, up)
+}
+
+// renderMigrations writes the dialect's migrations in a tool's format, to
+// dir or, headed by their names, to standard output.
+func (a *app) renderMigrations(cmd *cobra.Command, format, dir string) error {
+	d, err := resolveDialect(a.db.dialect, a.db.dsn)
+	if err != nil {
+		return usageErr(err)
+	}
+	if err := checkTable(a.db.table); err != nil {
+		return usageErr(err)
+	}
+	f := migrationfiles.FormatSQL
+	if format != "" {
+		if f, err = migrationfiles.ParseFormat(format); err != nil {
+			return usageErr(err)
+		}
+	}
+	if dir != "" {
+		paths, err := migrationfiles.Write(dir, dialects[d].dialect(), a.db.table, f)
+		if err != nil {
+			return err
+		}
+		for _, p := range paths {
+			fmt.Fprintln(cmd.OutOrStdout(), p)
+		}
+		return nil
+	}
+	files, err := migrationfiles.Render(dialects[d].dialect(), a.db.table, f)
+	if err != nil {
+		return err
+	}
+	w := cmd.OutOrStdout()
+	for n, file := range files {
+		if n > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "-- file: %s (%s, %s, table %s)\n", file.Name, f, d, a.db.table)
+		if _, err := w.Write(file.Body); err != nil {
+			return err
+		}
+		if len(file.Body) > 0 && file.Body[len(file.Body)-1] != '\n' {
+			fmt.Fprintln(w)
+		}
+	}
+	return nil
 }
 
 func writeMigrations(w io.Writer, dialect, table string, ms []inbox.Migration, up bool) error {

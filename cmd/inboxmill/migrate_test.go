@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
+	"github.com/inboxmill/inboxmill/inbox/migrationfiles"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
@@ -178,4 +179,43 @@ func mustRender(t *testing.T, d, table string) []inbox.Migration {
 	ms, err := inbox.LoadMigrations(dialects[d].dialect().Migrations(), table)
 	require.NoError(t, err)
 	return ms
+}
+
+// TestMigratePrintFormat: --format renders the files migrationfiles
+// renders, headed by their names on standard output or written into --dir.
+func TestMigratePrintFormat(t *testing.T) {
+	for _, d := range []string{"postgres", "mysql", "sqlite"} {
+		for _, f := range migrationfiles.Formats() {
+			t.Run(d+"/"+f.String(), func(t *testing.T) {
+				want, err := migrationfiles.Render(dialects[d].dialect(), "payment_inbox", f)
+				require.NoError(t, err)
+				r := runCmd(t, "migrate", "--print", "--dialect", d, "--table", "payment_inbox", "--format", f.String())
+				require.Equal(t, exitOK, r.code, r.String())
+				pos := -1
+				for _, file := range want {
+					i := strings.Index(r.stdout, fmt.Sprintf("-- file: %s (%s, %s, table payment_inbox)\n", file.Name, f, d)+string(file.Body))
+					require.Greater(t, i, pos, "%s in order", file.Name)
+					pos = i
+				}
+
+				dir := t.TempDir()
+				r = runCmd(t, "migrate", "--print", "--dialect", d, "--table", "payment_inbox", "--format", f.String(), "--dir", dir)
+				require.Equal(t, exitOK, r.code, r.String())
+				for _, file := range want {
+					body, err := os.ReadFile(filepath.Join(dir, file.Name))
+					require.NoError(t, err)
+					require.Equal(t, string(file.Body), string(body))
+					require.Contains(t, r.stdout, filepath.Join(dir, file.Name))
+				}
+			})
+		}
+	}
+	r := runCmd(t, "migrate", "--print", "--dialect", "sqlite", "--format", "flyway")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, `unknown format "flyway"`)
+	r = runCmd(t, "migrate", "--dialect", "sqlite", "--format", "goose")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, "go with --print")
+	r = runCmd(t, "migrate", "--print", "--dialect", "sqlite", "--format", "goose", "--version", "1")
+	require.Equal(t, exitUsage, r.code)
 }
