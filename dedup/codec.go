@@ -32,6 +32,18 @@ var errCorrupt = errors.New("dedup: stored result is corrupt")
 // the router. A nil message is an error.
 func EncodeOutput(msgs []*message.Message) ([]byte, error) { return encodeMessages(msgs) }
 
+// DecodeOutput decodes what [EncodeOutput] (or the middleware) stored in a
+// record's Result, for tools that show a record's output: the messages'
+// UUIDs, metadata and payloads, as the router would get them back. Empty
+// input is no messages. Input in another format, or cut short, is an
+// error.
+func DecodeOutput(b []byte) ([]*message.Message, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	return decodeMessages(b)
+}
+
 // encodeMessages stores what the handler produced so that a duplicate can
 // hand the very same messages (UUID, metadata, payload) back to the router.
 func encodeMessages(msgs []*message.Message) ([]byte, error) {

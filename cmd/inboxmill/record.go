@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sort"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
@@ -98,92 +98,25 @@ type storedMessage struct {
 	PayloadBytes int               `json:"payload_bytes"`
 }
 
-// decodeOutput reads a record's Result in the format the dedup middleware
-// stores a handler's output in (dedup.EncodeOutput):
-//
-//	magic "IMR" | version 1 | uvarint count | count × message
-//	message: bytes uuid | uvarint n | n × (bytes key, bytes value) | bytes payload
-//	bytes:   uvarint length | data
-//
-// Payloads are reported by size only: they may carry customer data.
+// decodeOutput reads a record's Result as the dedup middleware stores a
+// handler's output. Payloads are reported by size only: they may carry
+// customer data.
 func decodeOutput(b []byte) ([]storedMessage, error) {
-	if len(b) == 0 {
-		return nil, nil
+	msgs, err := dedup.DecodeOutput(b)
+	if err != nil {
+		return nil, err
 	}
-	if len(b) < 4 || string(b[:3]) != "IMR" {
-		return nil, errors.New("not the dedup middleware's output format")
-	}
-	if b[3] != 1 {
-		return nil, fmt.Errorf("the dedup output format version %d, which this inboxmill does not read", b[3])
-	}
-	r := outputReader{b: b[4:]}
-	n := r.count()
 	var out []storedMessage
-	for range n {
-		if r.err != nil {
-			break
+	for _, msg := range msgs {
+		m := storedMessage{UUID: msg.UUID, Metadata: map[string]string{}, PayloadBytes: len(msg.Payload)}
+		for k, v := range msg.Metadata {
+			m.Metadata[k] = v
 		}
-		m := storedMessage{UUID: string(r.bytes()), Metadata: map[string]string{}}
-		for range r.count() {
-			if r.err != nil {
-				break
-			}
-			k := r.bytes()
-			m.Metadata[string(k)] = string(r.bytes())
-		}
-		m.PayloadBytes = len(r.bytes())
 		out = append(out, m)
-	}
-	if r.err == nil && len(r.b) > 0 {
-		r.err = fmt.Errorf("%d bytes after the last message", len(r.b))
-	}
-	if r.err != nil {
-		return nil, fmt.Errorf("corrupt dedup output: %w", r.err)
 	}
 	return out, nil
 }
 
-type outputReader struct {
-	b   []byte
-	err error
-}
-
-func (r *outputReader) uvarint() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.err = errors.New("bad length")
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
-
-func (r *outputReader) count() uint64 {
-	v := r.uvarint()
-	if r.err == nil && v > uint64(len(r.b)) {
-		r.err = fmt.Errorf("count %d exceeds the data", v)
-		return 0
-	}
-	return v
-}
-
-func (r *outputReader) bytes() []byte {
-	n := r.uvarint()
-	if r.err == nil && n > uint64(len(r.b)) {
-		r.err = fmt.Errorf("length %d exceeds the data", n)
-	}
-	if r.err != nil {
-		return nil
-	}
-	v := r.b[:n]
-	r.b = r.b[n:]
-	return v
-}
-
-// sortedKeys returns m's keys in order.
 func sortedKeys(m map[string]string) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
