@@ -55,7 +55,7 @@ func ExampleStore_Migrate() {
 	fmt.Println("after MigrateDown, outdated:", errors.Is(store.Validate(ctx), inbox.ErrSchemaOutdated))
 	// Output:
 	// applied before: []
-	// applied after: [1] valid: true
+	// applied after: [1 2] valid: true
 	// after MigrateDown, outdated: true
 }
 
