@@ -14,7 +14,9 @@
 //	go run ./examples/kafka -brokers localhost:9092 -dsn 'postgres://postgres@localhost:5432/test?sslmode=disable'
 //
 // Run it again: the inbox persists in PostgreSQL, so the republished events
-// are all duplicates and nothing ships twice (executed=0).
+// are all duplicates and nothing ships twice (executed=0), as the
+// program's note at the start says. -reset drops its tables first and
+// starts over; a cluster's topics and consumer-group offsets are kept.
 package main
 
 import (
@@ -35,37 +37,66 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
+	"github.com/inboxmill/inboxmill/examples/internal/rerun"
 	"github.com/inboxmill/inboxmill/examples/internal/shop"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
+	"github.com/inboxmill/inboxmill/internal/dsn"
 )
 
 const partitions = 4
 
-func main() {
+func main() { os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// cli runs the command with args and returns its exit status.
+func cli(args []string, stdout, stderr io.Writer) int {
 	var cfg config
-	flag.StringVar(&cfg.brokers, "brokers", "", "Kafka brokers, comma-separated (default: an embedded broker on 127.0.0.1)")
-	flag.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL for the inbox and the shipments")
-	flag.StringVar(&cfg.topic, "topic", "orders", "topic of the order events; <topic>.poison receives the refused ones")
-	flag.StringVar(&cfg.group, "group", "shipping", "consumer group")
-	flag.StringVar(&cfg.inboxTable, "inbox-table", "inbox", "inbox table")
-	flag.StringVar(&cfg.shipmentsTable, "shipments-table", "shipments", "the application's table")
-	flag.IntVar(&cfg.events, "events", 100, "number of distinct order events")
-	flag.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
-	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := run(ctx, cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "kafka example:", err)
-		os.Exit(1)
+	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.brokers, "brokers", "", "Kafka brokers, comma-separated (default: an embedded broker on 127.0.0.1)")
+	fs.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL for the inbox and the shipments")
+	fs.StringVar(&cfg.topic, "topic", "orders", "topic of the order events; <topic>.poison receives the refused ones")
+	fs.StringVar(&cfg.group, "group", "shipping", "consumer group")
+	// Names of the example's own: -reset drops these tables, and a shared
+	// database may well hold an application's "inbox".
+	fs.StringVar(&cfg.inboxTable, "inbox-table", "kafka_example_inbox", "inbox table")
+	fs.StringVar(&cfg.shipmentsTable, "shipments-table", "kafka_example_shipments", "the application's table")
+	fs.IntVar(&cfg.events, "events", 100, fmt.Sprintf(
+		"number of distinct order events; the run gives up after %v or %v per event, whichever is longer",
+		minDeadline, perEvent))
+	fs.BoolVar(&cfg.reset, "reset", false,
+		"drop the example's tables first (the inbox and the shipments) and start over; Kafka topics and offsets are kept")
+	fs.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline(cfg.events))
+	defer cancel()
+	if _, err := run(ctx, cfg, stdout); err != nil {
+		fmt.Fprintln(stderr, "kafka example:", err)
+		return 1
+	}
+	return 0
 }
+
+// The run's deadline grows with the work: minDeadline, or perEvent for
+// each event when that is longer. 5,000 events take about 12 seconds on
+// the embedded broker.
+const (
+	minDeadline = 2 * time.Minute
+	perEvent    = 20 * time.Millisecond
+)
+
+func deadline(events int) time.Duration { return max(minDeadline, time.Duration(events)*perEvent) }
 
 type config struct {
 	brokers, dsn, topic, group string
 	inboxTable, shipmentsTable string
 	events                     int
-	verbose                    bool
+	reset, verbose             bool
 }
 
 type summary struct {
@@ -88,16 +119,24 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		return sum, fmt.Errorf("PostgreSQL at %s: %w", dsn.Redact(cfg.dsn), err)
+	}
 	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: cfg.inboxTable})
 	if err != nil {
 		return sum, err
+	}
+	if cfg.reset {
+		if err := rerun.Reset(ctx, out, store, cfg.shipmentsTable); err != nil {
+			return sum, err
+		}
 	}
 	// Here the example migrates its own inbox. In production migrations
 	// run once per deploy (store.Migrate in a job, or your migration tool),
 	// and a service checks at start-up that the schema is the one it was
 	// built for, refusing to start on ErrSchemaOutdated or ErrSchemaNewer.
 	if err := store.Migrate(ctx); err != nil {
-		return sum, fmt.Errorf("inbox at %s: %w", cfg.dsn, err)
+		return sum, fmt.Errorf("inbox at %s: %w", dsn.Redact(cfg.dsn), err)
 	}
 	if err := store.Validate(ctx); err != nil {
 		return sum, err
@@ -108,11 +147,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		event_id text NOT NULL, order_id text NOT NULL, sku text NOT NULL, qty integer NOT NULL)`); err != nil {
 		return sum, err
 	}
-	var before int
-	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+cfg.shipmentsTable).Scan(&before); err != nil {
+	found, err := rerun.Find(ctx, store)
+	if err != nil {
 		return sum, err
 	}
-	fmt.Fprintf(out, "inbox: PostgreSQL table %s (%d shipments from earlier runs)\n", cfg.inboxTable, before)
+	found.Report(out, cfg.events)
 
 	poisonTopic := cfg.topic + ".poison"
 	brokers, stop, err := kafkaex.Connect(cfg.brokers, partitions, cfg.topic, poisonTopic)

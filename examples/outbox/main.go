@@ -21,6 +21,11 @@
 //
 //	go run ./examples/outbox
 //	go run ./examples/outbox -brokers localhost:9092 -dsn 'postgres://postgres@localhost:5432/test?sslmode=disable'
+//
+// Its tables stay in the database: run it again and every order is already
+// recorded, so nothing is published, forwarded or delivered again, as the
+// program's note at the start says. -reset drops its tables first and
+// starts over; a cluster's topics and consumer-group offsets are kept.
 package main
 
 import (
@@ -46,41 +51,69 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
+	"github.com/inboxmill/inboxmill/examples/internal/rerun"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/internal/crashrelay"
+	"github.com/inboxmill/inboxmill/internal/dsn"
 )
 
 const partitions = 4
 
-func main() {
+func main() { os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// cli runs the command with args and returns its exit status.
+func cli(args []string, stdout, stderr io.Writer) int {
 	var cfg config
-	flag.StringVar(&cfg.brokers, "brokers", "", "Kafka brokers, comma-separated (default: an embedded broker on 127.0.0.1)")
-	flag.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
+	fs := flag.NewFlagSet("outbox", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.brokers, "brokers", "", "Kafka brokers, comma-separated (default: an embedded broker on 127.0.0.1)")
+	fs.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
 		"PostgreSQL for the inbox, the outbox and the business tables")
-	flag.StringVar(&cfg.ordersTopic, "orders-topic", "outbox-orders", "Kafka topic of the order events")
-	flag.StringVar(&cfg.shipmentsTopic, "shipments-topic", "outbox-shipments", "Kafka topic the outbox is forwarded to")
-	flag.StringVar(&cfg.outboxTopic, "outbox-topic", "outbox_shipments",
+	fs.StringVar(&cfg.ordersTopic, "orders-topic", "outbox-orders", "Kafka topic of the order events")
+	fs.StringVar(&cfg.shipmentsTopic, "shipments-topic", "outbox-shipments", "Kafka topic the outbox is forwarded to")
+	fs.StringVar(&cfg.outboxTopic, "outbox-topic", "outbox_shipments",
 		"watermill-sql topic of the outbox (table watermill_<topic>)")
-	flag.StringVar(&cfg.tables, "tables", "outbox_example",
+	fs.StringVar(&cfg.tables, "tables", "outbox_example",
 		"prefix of the tables: <prefix>_inbox, <prefix>_requests, <prefix>_deliveries")
-	flag.IntVar(&cfg.events, "events", 60, "number of distinct order events")
-	flag.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
-	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := run(ctx, cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "outbox example:", err)
-		os.Exit(1)
+	fs.IntVar(&cfg.events, "events", 60, fmt.Sprintf(
+		"number of distinct order events; the run gives up after %v or %v per event, whichever is longer",
+		minDeadline, perEvent))
+	fs.BoolVar(&cfg.reset, "reset", false,
+		"drop the example's tables first (the inbox, the requests, the deliveries and the outbox) and start over; "+
+			"Kafka topics and offsets are kept")
+	fs.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline(cfg.events))
+	defer cancel()
+	if _, err := run(ctx, cfg, stdout); err != nil {
+		fmt.Fprintln(stderr, "outbox example:", err)
+		return 1
+	}
+	return 0
 }
+
+// The run's deadline grows with the work: minDeadline, or perEvent for
+// each event when that is longer. 20,000 orders take about a minute on the
+// embedded broker.
+const (
+	minDeadline = 2 * time.Minute
+	perEvent    = 20 * time.Millisecond
+)
+
+func deadline(events int) time.Duration { return max(minDeadline, time.Duration(events)*perEvent) }
 
 type config struct {
 	brokers, dsn                             string
 	ordersTopic, shipmentsTopic, outboxTopic string
 	tables                                   string
 	events                                   int
-	verbose                                  bool
+	reset, verbose                           bool
 }
 
 type summary struct {
@@ -106,11 +139,27 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}
 	defer db.Close()
 	if err := db.PingContext(ctx); err != nil {
-		return sum, fmt.Errorf("PostgreSQL at %s: %w", cfg.dsn, err)
+		return sum, fmt.Errorf("PostgreSQL at %s: %w", dsn.Redact(cfg.dsn), err)
 	}
 	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: cfg.tables + "_inbox"})
 	if err != nil {
 		return sum, err
+	}
+	requests, deliveries := cfg.tables+"_requests", cfg.tables+"_deliveries"
+	// The outbox is a watermill-sql queue table: each row is acked in place,
+	// so a row whose transaction commits after a later one's is still
+	// picked up (an offset-based schema such as MySQL's default could skip
+	// it). Its publisher runs inside handler transactions, where it must not
+	// create tables (MySQL commits the open transaction on CREATE TABLE), so
+	// the table is created below, once, with the schema adapter's own DDL.
+	// SubscribeBatchSize 1: the queue acks every row a transaction fetched.
+	schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
+	offsets := wsql.PostgreSQLQueueOffsetsAdapter{} // acked rows are kept for the count below (DeleteOnAck: false)
+	outboxTable := schema.MessagesTable(cfg.outboxTopic)
+	if cfg.reset {
+		if err := rerun.Reset(ctx, out, store, requests, deliveries, outboxTable); err != nil {
+			return sum, err
+		}
 	}
 	// Here the example migrates its own inbox. In production migrations
 	// run once per deploy (store.Migrate in a job, or your migration tool),
@@ -122,7 +171,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err := store.Validate(ctx); err != nil {
 		return sum, err
 	}
-	requests, deliveries := cfg.tables+"_requests", cfg.tables+"_deliveries"
+	found, err := rerun.Find(ctx, store)
+	if err != nil {
+		return sum, err
+	}
+	found.Report(out, 2*cfg.events) // one record per order for each of the two consumers
 	for _, ddl := range []string{
 		`CREATE TABLE IF NOT EXISTS ` + requests + ` (event_id text NOT NULL, order_id text NOT NULL, qty integer NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS ` + deliveries + ` (event_id text NOT NULL, order_event_id text NOT NULL,
@@ -133,23 +186,17 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		}
 	}
 
-	// The outbox is a watermill-sql queue table: each row is acked in place,
-	// so a row whose transaction commits after a later one's is still
-	// picked up (an offset-based schema such as MySQL's default could skip
-	// it). Its publisher runs inside handler transactions, where it must not
-	// create tables (MySQL commits the open transaction on CREATE TABLE), so
-	// the table is created here, once, with the schema adapter's own DDL.
-	// SubscribeBatchSize 1: the queue acks every row a transaction fetched.
-	schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
-	offsets := wsql.PostgreSQLQueueOffsetsAdapter{} // acked rows are kept for the count below (DeleteOnAck: false)
 	if err := createOutbox(ctx, db, schema, cfg.outboxTopic); err != nil {
 		return sum, err
 	}
-	outboxTable := schema.MessagesTable(cfg.outboxTopic)
-	var outboxBefore int
-	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+outboxTable).Scan(&outboxBefore); err != nil {
+	var outboxBefore, leftover int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(*) FILTER (WHERE NOT acked) FROM `+outboxTable).
+		Scan(&outboxBefore, &leftover); err != nil {
 		return sum, err
 	}
+	// The forwarder sends what a stopped run left in the outbox with this
+	// run's messages.
+	rerun.Queued(out, leftover, outboxTable)
 	fmt.Fprintf(out, "PostgreSQL: inbox %s_inbox, outbox %s\n", cfg.tables, outboxTable)
 
 	brokers, stopKafka, err := kafkaex.Connect(cfg.brokers, partitions, cfg.ordersTopic, cfg.shipmentsTopic)
@@ -348,12 +395,17 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	return sum, nil
 }
 
-// createOutbox creates the outbox topic's table, outside any transaction.
-func createOutbox(ctx context.Context, db *sql.DB, schema wsql.SchemaAdapter, topic string) error {
+// createOutbox creates the outbox topic's table, outside any transaction,
+// with an index of the rows not yet forwarded: the forwarder fetches WHERE
+// NOT acked ORDER BY "offset", and without it every fetch would walk past
+// all the rows acked before.
+func createOutbox(ctx context.Context, db *sql.DB, schema wsql.PostgreSQLQueueSchema, topic string) error {
 	queries, err := schema.SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
 	if err != nil {
 		return err
 	}
+	queries = append(queries, wsql.Query{Query: `CREATE INDEX IF NOT EXISTS "watermill_` + topic + `_unacked" ON ` +
+		schema.MessagesTable(topic) + ` ("offset") WHERE NOT acked`})
 	for _, q := range queries {
 		if _, err := db.ExecContext(ctx, q.Query, q.Args...); err != nil {
 			return fmt.Errorf("create the outbox table: %w", err)

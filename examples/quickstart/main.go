@@ -5,10 +5,13 @@
 // event ID reused for a different order. Every order ships exactly once.
 //
 // Run it twice: the SQLite file persists, so the second run finds every
-// event already done and ships nothing new.
+// event already done and ships nothing new, as its note at the start says;
+// -reset starts over.
 //
 //	go run ./examples/quickstart
 //	go run ./examples/quickstart -db /tmp/shop.db -events 100
+//
+// The run gives up after a deadline that grows with -events (see -h).
 package main
 
 import (
@@ -28,6 +31,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/examples/internal/rerun"
 	"github.com/inboxmill/inboxmill/examples/internal/shop"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
@@ -36,26 +40,57 @@ import (
 const (
 	ordersTopic = "orders"
 	poisonTopic = "orders.poison"
+	// inFlight bounds the messages published and not yet acked, as a
+	// broker's prefetch limit does. GoChannel hands the router every
+	// message at once, each to its own handler goroutine: thousands of
+	// transactions queueing for SQLite's one writer outwait its busy
+	// timeout and fail over and over (10,000 events did not finish in two
+	// minutes), and even hundreds only slow each other down.
+	inFlight = 64
 )
 
-func main() {
+func main() { os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// cli runs the command with args and returns its exit status.
+func cli(args []string, stdout, stderr io.Writer) int {
 	var cfg config
-	flag.StringVar(&cfg.dbPath, "db", "inboxmill-quickstart.db", "SQLite file for the inbox and the shipments table")
-	flag.IntVar(&cfg.events, "events", 20, "number of distinct order events")
-	flag.BoolVar(&cfg.verbose, "v", false, "log every delivery")
-	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := run(ctx, cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "quickstart:", err)
-		os.Exit(1)
+	fs := flag.NewFlagSet("quickstart", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.dbPath, "db", "inboxmill-quickstart.db", "SQLite file for the inbox and the shipments table")
+	fs.IntVar(&cfg.events, "events", 20, fmt.Sprintf(
+		"number of distinct order events; the run gives up after %v or %v per event, whichever is longer",
+		minDeadline, perEvent))
+	fs.BoolVar(&cfg.reset, "reset", false, "drop the inbox and the shipments table in -db first and start over")
+	fs.BoolVar(&cfg.verbose, "v", false, "log every delivery")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline(cfg.events))
+	defer cancel()
+	if _, err := run(ctx, cfg, stdout); err != nil {
+		fmt.Fprintln(stderr, "quickstart:", err)
+		return 1
+	}
+	return 0
 }
 
+// The run's deadline grows with the work: minDeadline, or perEvent for
+// each event when that is longer. 20 events take well under a second;
+// 10,000 take 10 to 30 seconds on a busy machine.
+const (
+	minDeadline = 2 * time.Minute
+	perEvent    = 30 * time.Millisecond
+)
+
+func deadline(events int) time.Duration { return max(minDeadline, time.Duration(events)*perEvent) }
+
 type config struct {
-	dbPath  string
-	events  int
-	verbose bool
+	dbPath         string
+	events         int
+	reset, verbose bool
 }
 
 type summary struct {
@@ -79,6 +114,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	defer store.Close()
+	if cfg.reset {
+		if err := rerun.Reset(ctx, out, store, "shipments"); err != nil {
+			return sum, err
+		}
+	}
 	// Here the example migrates its own inbox. In production migrations
 	// run once per deploy (store.Migrate in a job, or your migration tool),
 	// and a service checks at start-up that the schema is the one it was
@@ -95,11 +135,12 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		event_id TEXT NOT NULL, order_id TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)`); err != nil {
 		return sum, err
 	}
-	var before int
-	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM shipments`).Scan(&before); err != nil {
+	found, err := rerun.Find(ctx, store)
+	if err != nil {
 		return sum, err
 	}
-	fmt.Fprintf(out, "inbox: SQLite file %s (%d shipments from earlier runs)\n", cfg.dbPath, before)
+	fmt.Fprintf(out, "database: SQLite file %s\n", cfg.dbPath)
+	found.Report(out, cfg.events)
 
 	logger := watermill.LoggerAdapter(watermill.NopLogger{})
 	if cfg.verbose {
@@ -146,7 +187,14 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}
 
 	msgs := shop.Stream(cfg.events)
-	for _, m := range msgs {
+	for i, m := range msgs {
+		for i-faults.Acked(d.Stats()) >= inFlight {
+			select {
+			case <-ctx.Done():
+				return sum, fmt.Errorf("waiting for deliveries: %w (stats %+v)", ctx.Err(), d.Stats())
+			case <-time.After(time.Millisecond):
+			}
+		}
 		if err := pubSub.Publish(ordersTopic, m); err != nil {
 			return sum, err
 		}

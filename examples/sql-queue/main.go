@@ -9,6 +9,11 @@
 //
 //	go run ./examples/sql-queue
 //	go run ./examples/sql-queue -dsn 'postgres://user:pass@host:5432/db?sslmode=disable'
+//
+// Its tables stay in the database: run it again and every event is
+// already recorded, so all are acknowledged as duplicates (executed=0), as
+// the program's first line of output says. -reset drops its tables first
+// and starts over.
 package main
 
 import (
@@ -31,28 +36,55 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/watermillsql"
+	"github.com/inboxmill/inboxmill/examples/internal/rerun"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
+	"github.com/inboxmill/inboxmill/internal/dsn"
 )
 
-func main() {
+func main() { os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// cli runs the command with args and returns its exit status.
+func cli(args []string, stdout, stderr io.Writer) int {
 	var cfg config
-	flag.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL DSN")
-	flag.StringVar(&cfg.topic, "topic", "inboxmill_invoices", "queue topic (table watermill_<topic>)")
-	flag.StringVar(&cfg.table, "table", "sqlqueue_inbox", "inbox table")
-	flag.IntVar(&cfg.events, "events", 30, "number of distinct invoice events")
-	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := run(ctx, cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "sql-queue:", err)
-		os.Exit(1)
+	fs := flag.NewFlagSet("sql-queue", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL DSN")
+	fs.StringVar(&cfg.topic, "topic", "inboxmill_invoices", "queue topic (table watermill_<topic>)")
+	fs.StringVar(&cfg.table, "table", "sqlqueue_inbox", "inbox table; the invoices go to <table>_invoices")
+	fs.IntVar(&cfg.events, "events", 30, fmt.Sprintf(
+		"number of distinct invoice events; the run gives up after %v or %v per event, whichever is longer",
+		minDeadline, perEvent))
+	fs.BoolVar(&cfg.reset, "reset", false,
+		"drop the example's tables first (the inbox, <table>_invoices and the queue table) and start over")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline(cfg.events))
+	defer cancel()
+	if _, err := run(ctx, cfg, stdout); err != nil {
+		fmt.Fprintln(stderr, "sql-queue:", err)
+		return 1
+	}
+	return 0
 }
+
+// The run's deadline grows with the work: minDeadline, or perEvent for
+// each event when that is longer. 20,000 events take about two minutes.
+const (
+	minDeadline = 2 * time.Minute
+	perEvent    = 20 * time.Millisecond
+)
+
+func deadline(events int) time.Duration { return max(minDeadline, time.Duration(events)*perEvent) }
 
 type config struct {
 	dsn, topic, table string
 	events            int
+	reset             bool
 }
 
 type summary struct{ published, delivered, executed, duplicates, conflicts, rows, distinct int }
@@ -65,11 +97,21 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}
 	defer db.Close()
 	if err := db.PingContext(ctx); err != nil {
-		return sum, fmt.Errorf("PostgreSQL at %s: %w", cfg.dsn, err)
+		return sum, fmt.Errorf("PostgreSQL at %s: %w", dsn.Redact(cfg.dsn), err)
 	}
 	store, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: cfg.table})
 	if err != nil {
 		return sum, err
+	}
+	invoices := cfg.table + "_invoices"
+	// SubscribeBatchSize 1: the queue acks everything it fetched in one
+	// transaction, so a batch would ack a failed message with the rest.
+	schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
+	queue := schema.MessagesTable(cfg.topic)
+	if cfg.reset {
+		if err := rerun.Reset(ctx, out, store, invoices, queue); err != nil {
+			return sum, err
+		}
 	}
 	// Here the example migrates its own inbox. In production migrations
 	// run once per deploy (store.Migrate in a job, or your migration tool),
@@ -81,16 +123,17 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err := store.Validate(ctx); err != nil {
 		return sum, err
 	}
-	invoices := cfg.table + "_invoices"
+	found, err := rerun.Find(ctx, store)
+	if err != nil {
+		return sum, err
+	}
+	found.Report(out, cfg.events)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+invoices+` (
 		event_id text NOT NULL, line integer NOT NULL, amount integer NOT NULL)`); err != nil {
 		return sum, err
 	}
 
 	logger := watermill.NopLogger{}
-	// SubscribeBatchSize 1: the queue acks everything it fetched in one
-	// transaction, so a batch would ack a failed message with the rest.
-	schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db),
 		wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
 	if err != nil {
@@ -101,11 +144,29 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		OffsetsAdapter:   wsql.PostgreSQLQueueOffsetsAdapter{},
 		InitializeSchema: true,
 		PollInterval:     20 * time.Millisecond,
+		ResendInterval:   10 * time.Millisecond, // a nacked message comes back at once, not after the default second
 	}, logger)
 	if err != nil {
 		return sum, err
 	}
 	defer sub.Close()
+	if err := sub.SubscribeInitialize(cfg.topic); err != nil {
+		return sum, err
+	}
+	// The queue fetches WHERE NOT acked ORDER BY "offset" and indexes only
+	// "offset": without this index every fetch walks past all the rows
+	// acked before it.
+	if _, err := db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS "watermill_`+cfg.topic+`_unacked" ON `+queue+
+		` ("offset") WHERE NOT acked`); err != nil {
+		return sum, err
+	}
+	// Messages an earlier run published but did not consume (it was
+	// stopped) are delivered in this run too: count them in.
+	var leftover int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+queue+` WHERE NOT acked`).Scan(&leftover); err != nil {
+		return sum, err
+	}
+	rerun.Queued(out, leftover, queue)
 
 	d, err := dedup.New(store, dedup.Config{
 		Key:  dedup.KeyFromMetadata("event_id"),
@@ -181,10 +242,20 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}
 	sum.published++
 
+	// Done when every message was handled and its ack committed: the
+	// middleware counts a message before the queue's transaction commits,
+	// and stopping the router then would roll that transaction back and
+	// leave the message for the next run.
 	for {
 		st := d.Stats()
-		if int(st.Executed+st.Duplicates+st.Conflicts) >= sum.published {
-			break
+		if int(st.Executed+st.Duplicates+st.Conflicts) >= sum.published+leftover {
+			var unacked int
+			if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+queue+` WHERE NOT acked`).Scan(&unacked); err != nil {
+				return sum, err
+			}
+			if unacked == 0 {
+				break
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,9 +20,11 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/watermillsql"
+	"github.com/inboxmill/inboxmill/examples/internal/rerun"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
+	"github.com/inboxmill/inboxmill/internal/dsn"
 )
 
 // backend is the queue between the receivers and the consumer, and the
@@ -41,8 +44,11 @@ type backend struct {
 }
 
 // sqliteBackend: Watermill's in-memory GoChannel and an SQLite file. No
-// servers; the file is removed at the end unless path names one.
-func sqliteBackend(ctx context.Context, path string) (*backend, error) {
+// servers; the file is removed at the end unless path names one. With
+// reset, the inbox and the business table an earlier run left in the file
+// are dropped first, and out hears of it.
+func sqliteBackend(ctx context.Context, path string, reset bool, out io.Writer) (*backend, error) {
+	reset = reset && path != "" // a temporary file is new
 	cleanup := func() {}
 	if path == "" {
 		dir, err := os.MkdirTemp("", "inboxmill-webhooks")
@@ -67,7 +73,7 @@ func sqliteBackend(ctx context.Context, path string) (*backend, error) {
 		_ = db.Close()
 		cleanup()
 	}
-	if err := b.migrate(ctx, sqlite.Dialect(), "inbox"); err != nil {
+	if err := b.migrate(ctx, sqlite.Dialect(), "inbox", reset, out); err != nil {
 		b.close()
 		return nil, err
 	}
@@ -78,14 +84,14 @@ func sqliteBackend(ctx context.Context, path string) (*backend, error) {
 // inbox in the same database, so that the consumer's claim, its business
 // write and the queue's ack commit in one transaction. Its tables carry a
 // suffix unique to the run and are dropped at the end.
-func postgresBackend(ctx context.Context, dsn string) (*backend, error) {
-	db, err := sql.Open("pgx", dsn)
+func postgresBackend(ctx context.Context, dataSource string) (*backend, error) {
+	db, err := sql.Open("pgx", dataSource)
 	if err != nil {
 		return nil, err
 	}
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
-		return nil, fmt.Errorf("PostgreSQL: %w", err)
+		return nil, fmt.Errorf("PostgreSQL at %s: %w", dsn.Redact(dataSource), err)
 	}
 	var r [4]byte
 	_, _ = rand.Read(r[:])
@@ -118,7 +124,11 @@ func postgresBackend(ctx context.Context, dsn string) (*backend, error) {
 		_ = poison.Close()
 		drop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, t := range []string{b.effects, store, store + "_migrations", "watermill_" + b.stripeTopic, "watermill_" + b.githubTopic} {
+		// The inbox goes with every table its migrations made.
+		if inboxStore, err := inbox.NewStore(db, postgres.Dialect(), inbox.Config{Table: store}); err == nil {
+			_ = inboxStore.MigrateDown(drop, 0)
+		}
+		for _, t := range []string{b.effects, "watermill_" + b.stripeTopic, "watermill_" + b.githubTopic} {
 			_, _ = db.ExecContext(drop, `DROP TABLE IF EXISTS "`+t+`"`)
 		}
 		_ = db.Close()
@@ -131,18 +141,24 @@ func postgresBackend(ctx context.Context, dsn string) (*backend, error) {
 			return nil, err
 		}
 	}
-	if err := b.migrate(ctx, postgres.Dialect(), store); err != nil {
+	if err := b.migrate(ctx, postgres.Dialect(), store, false, nil); err != nil {
 		b.close()
 		return nil, err
 	}
 	return b, nil
 }
 
-// migrate creates the inbox and the business table.
-func (b *backend) migrate(ctx context.Context, dialect inbox.Dialect, table string) error {
+// migrate creates the inbox and the business table, after dropping them
+// with reset.
+func (b *backend) migrate(ctx context.Context, dialect inbox.Dialect, table string, reset bool, out io.Writer) error {
 	store, err := inbox.NewStore(b.db, dialect, inbox.Config{Table: table})
 	if err != nil {
 		return err
+	}
+	if reset {
+		if err := rerun.Reset(ctx, out, store, b.effects); err != nil {
+			return err
+		}
 	}
 	// Here the example migrates its own inbox. In production migrations
 	// run once per deploy (store.Migrate in a job, or your migration tool),

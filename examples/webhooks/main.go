@@ -18,6 +18,11 @@
 // It ends with a line like
 //
 //	received=19 rejected=4 published=15 executed=10 duplicates=5
+//
+// With -dsn every run has tables of its own, dropped at the end. With -db
+// the SQLite file keeps the inbox: run it again and every event is already
+// recorded, so all are acknowledged as duplicates (executed=0), as the
+// program's note at the start says; -reset starts over.
 package main
 
 import (
@@ -38,26 +43,39 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/examples/internal/rerun"
 	"github.com/inboxmill/inboxmill/handlers/webhook"
 )
 
-func main() {
+func main() { os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// cli runs the command with args and returns its exit status.
+func cli(args []string, stdout, stderr io.Writer) int {
 	var cfg config
-	flag.StringVar(&cfg.dsn, "dsn", "", "PostgreSQL DSN: use watermill-sql's queue and the PostgreSQL inbox (default: GoChannel and SQLite)")
-	flag.StringVar(&cfg.dbPath, "db", "", "SQLite file to keep (default: a temporary file)")
-	flag.BoolVar(&cfg.verbose, "v", false, "print every delivery")
-	flag.Parse()
+	fs := flag.NewFlagSet("webhooks", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.dsn, "dsn", "", "PostgreSQL DSN: use watermill-sql's queue and the PostgreSQL inbox (default: GoChannel and SQLite)")
+	fs.StringVar(&cfg.dbPath, "db", "", "SQLite file to keep (default: a temporary file)")
+	fs.BoolVar(&cfg.reset, "reset", false, "with -db, drop the inbox and the business table in the file first and start over")
+	fs.BoolVar(&cfg.verbose, "v", false, "print every delivery")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := run(ctx, cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "webhooks:", err)
-		os.Exit(1)
+	if _, err := run(ctx, cfg, stdout); err != nil {
+		fmt.Fprintln(stderr, "webhooks:", err)
+		return 1
 	}
+	return 0
 }
 
 type config struct {
-	dsn, dbPath string
-	verbose     bool
+	dsn, dbPath    string
+	reset, verbose bool
 }
 
 type summary struct {
@@ -72,12 +90,20 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if cfg.dsn != "" {
 		b, err = postgresBackend(ctx, cfg.dsn)
 	} else {
-		b, err = sqliteBackend(ctx, cfg.dbPath)
+		b, err = sqliteBackend(ctx, cfg.dbPath, cfg.reset, out)
 	}
 	if err != nil {
 		return sum, err
 	}
 	defer b.close()
+	evs := events()
+	if cfg.dbPath != "" && cfg.dsn == "" {
+		found, err := rerun.Find(ctx, b.store)
+		if err != nil {
+			return sum, err
+		}
+		found.Report(out, len(evs))
+	}
 
 	// The consumer: one handler per provider, each running an event once.
 	d, err := dedup.New(b.store, dedup.Config{
@@ -156,7 +182,6 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 
 	// The providers deliver everything, concurrently, then the attacks.
 	s := newSender(baseURL, out, cfg.verbose)
-	evs := events()
 	errs := make([]error, len(evs))
 	var wg sync.WaitGroup
 	for i, ev := range evs {

@@ -145,10 +145,17 @@ func (f *Faults) ShipOrder(insert string) message.NoPublishHandlerFunc {
 // acked — executed, duplicate, or refused as a conflict — counting a lost
 // ack's redelivery once more.
 func (f *Faults) Settled(st dedup.Stats, published int) bool {
+	return f.Acked(st) >= published
+}
+
+// Acked is how many published messages have ended acked, by st: executed,
+// duplicates and conflicts, less the ones whose ack was lost (they come
+// back, and end again).
+func (f *Faults) Acked(st dedup.Stats) int {
 	f.mu.Lock()
 	lost := len(f.lostAck)
 	f.mu.Unlock()
-	return int(st.Executed+st.Duplicates+st.Conflicts)-lost >= published
+	return int(st.Executed+st.Duplicates+st.Conflicts) - lost
 }
 
 // Delivered is how many deliveries reached the router's handler.
