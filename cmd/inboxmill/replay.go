@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
 // partitionRange is the offsets [start, end) of one partition to read.
@@ -155,12 +156,49 @@ func (a *app) dryRun(ctx context.Context, o options) error {
 	if rest := report.Messages - report.Duplicate; rest > int64(shown) {
 		fmt.Fprintf(stdout, "  ... and %d more that are not duplicates (-show lists more)\n", rest-int64(shown))
 	}
+	hints, err := replayHints(ctx, store, o, report)
+	if err != nil {
+		return err
+	}
+	for _, h := range hints {
+		fmt.Fprintln(stderr, "hint:", h)
+	}
 	fmt.Fprintf(stdout, "a replay would run the handler for %d messages (%d new, %d older than the retention window), "+
 		"ack %d duplicates without running it, and refuse %d (%d conflicting, %d invalid)\n",
 		report.WouldExecute(), report.New, report.Expired, report.Duplicate, report.Conflict+report.Invalid,
 		report.Conflict, report.Invalid)
 	fmt.Fprintln(stdout, report.String())
 	return nil
+}
+
+// replayHints points at the setting a report suggests is wrong: messages
+// that would run although the inbox has no record of the operation at all
+// (a wrong --operation or --table), most keyed messages conflicting (the
+// fingerprint settings differ from the middleware's), or no message with a
+// usable key.
+func replayHints(ctx context.Context, store *inbox.Store, o options, r dedup.DryRunReport) ([]string, error) {
+	var hints []string
+	keyed := r.Messages - r.Invalid
+	if r.Messages > 0 && keyed == 0 {
+		hints = append(hints, "no message has a usable key: check --key-metadata or --key-json (and --scope-metadata), "+
+			"which must match the middleware's Key and Scope")
+	}
+	if r.WouldExecute() > 0 {
+		page, err := store.List(ctx, inbox.Filter{Operation: o.operation, Limit: 1})
+		if err != nil {
+			return nil, err
+		}
+		if len(page.Records) == 0 {
+			hints = append(hints, fmt.Sprintf("no records exist for operation %q in table %s: check --operation "+
+				"(the handler's name, or dedup.Config.Operation) and --table", o.operation, store.Table()))
+		}
+	}
+	if r.Conflict > 1 && 2*r.Conflict >= keyed {
+		hints = append(hints, fmt.Sprintf("%d of %d keyed messages conflict with their records: the fingerprint differs "+
+			"from the one the middleware stored; check --ignore-fields (fields a producer re-stamps, such as sent_at) "+
+			"and --raw-fingerprint, which must match the middleware's settings", r.Conflict, keyed))
+	}
+	return hints, nil
 }
 
 // describe renders one message that is not a plain duplicate. Keys are shown

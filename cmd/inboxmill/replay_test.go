@@ -212,6 +212,43 @@ func TestReplayOutput(t *testing.T) {
 	require.Contains(t, stderr, "progress: ")
 }
 
+// TestReplayHints: a report that points at a wrong setting says which.
+func TestReplayHints(t *testing.T) {
+	t.Parallel()
+	b := replaySetup(t, testdb.SQLite)
+	withArg := func(flag, value string) []string {
+		args := append([]string{}, b.base...)
+		for i := range args {
+			if args[i] == flag {
+				args[i+1] = value
+				return args
+			}
+		}
+		return append(args, flag, value)
+	}
+	// Right settings: no hint.
+	code, _, stderr := replay(t, b.base...)
+	require.Equal(t, 0, code, stderr)
+	require.NotContains(t, stderr, "hint:")
+
+	code, stdout, stderr := replay(t, withArg("--operation", "ship_orders")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, " new=20 ")
+	require.Contains(t, stderr, `hint: no records exist for operation "ship_orders"`)
+
+	// The middleware ignored sent_at; a replay that ignores another field
+	// computes other fingerprints, and its messages conflict.
+	code, stdout, stderr = replay(t, withArg("--ignore-fields", "order")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, " duplicate=0 conflict=51 ")
+	require.Contains(t, stderr, "hint: 51 of 51 keyed messages conflict with their records")
+	require.Contains(t, stderr, "check --ignore-fields")
+
+	code, _, stderr = replay(t, withArg("--key-metadata", "event-id")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "hint: no message has a usable key")
+}
+
 // TestReplayFailures: what cannot be read is an error, never a report.
 func TestReplayFailures(t *testing.T) {
 	t.Parallel()
