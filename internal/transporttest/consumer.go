@@ -237,7 +237,7 @@ func (c *Consumer) handle(msg *message.Message) error {
 		dl.ran.Store(true)
 		dl.attempt.Store(claim.Attempt)
 	}
-	if d := c.spec.Slow[ev.EventID]; d > 0 {
+	if d := c.spec.Slow[ev.EventID]; d > 0 && claim.Attempt == 1 {
 		time.Sleep(d)
 	}
 	args := []any{ev.EventID, seq, c.spec.Consumer, claim.Attempt, claim.IdempotencyKey}

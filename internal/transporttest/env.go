@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,6 +99,7 @@ func Setup(t *testing.T, tr Transport, o Options) *Env {
 	t.Cleanup(func() {
 		e.killAll()
 		if t.Failed() {
+			e.dumpLines()
 			e.dumpLogs()
 		}
 		_ = e.Store.Close()
@@ -208,6 +210,20 @@ func (e *Env) record(l Line) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.lines = append(e.lines, l)
+}
+
+// dumpLines logs the last lines the consumers reported.
+func (e *Env) dumpLines() {
+	lines := e.Lines()
+	if len(lines) > 60 {
+		lines = lines[len(lines)-60:]
+	}
+	var b strings.Builder
+	for _, l := range lines {
+		fmt.Fprintf(&b, "%s %s %s seq=%d %s attempt=%d found=%v %s\n", l.At.Format("15:04:05.000"), l.Consumer, l.Word,
+			l.Seq, l.Event, l.Attempt, l.Found, l.Err)
+	}
+	e.T.Logf("the last lines the consumers reported:\n%s", b.String())
 }
 
 // Lines returns every line reported so far, in the order they arrived.
