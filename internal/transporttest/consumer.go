@@ -306,9 +306,11 @@ func (c *Consumer) observe(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// reach kills the process the DieAfter-th time a delivery reaches p.
+// reach kills the process the DieAfter-th time a first attempt reaches p.
+// A takeover (a later attempt) does not count: it completes what another
+// consumer's death left, which the checks follow on its own.
 func (c *Consumer) reach(p Point, l Line) {
-	if !c.killable || c.spec.DieAt != p || c.reached.Add(1) != int64(c.spec.DieAfter) {
+	if !c.killable || c.spec.DieAt != p || l.Attempt != 1 || c.reached.Add(1) != int64(c.spec.DieAfter) {
 		return
 	}
 	l.Word, l.Point = WordDie, p

@@ -273,6 +273,14 @@ func (e *Env) DistinctEffects() (int, error) {
 	return n, err
 }
 
+// Completed counts the inbox records whose outcome is recorded as completed.
+func (e *Env) Completed() (int, error) {
+	var n int
+	err := e.DB.QueryRowContext(e.T.Context(), "SELECT COUNT(*) FROM "+e.base.Inbox+" WHERE status = "+
+		testdb.Dialect(e.base.DB).Placeholder(1), string(inbox.StatusCompleted)).Scan(&n)
+	return n, err
+}
+
 // Record returns the inbox record of an event.
 func (e *Env) Record(eventID, tenant string) *inbox.Record {
 	e.T.Helper()

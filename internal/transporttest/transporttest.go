@@ -111,7 +111,8 @@ type Spec struct {
 	Lease, Heartbeat, InFlightWait time.Duration
 
 	// DieAt and DieAfter: SIGKILL the process the DieAfter-th time a
-	// delivery reaches DieAt. Only for consumer processes.
+	// first attempt (Claim.Attempt 1) reaches DieAt. Only for consumer
+	// processes.
 	DieAt    Point
 	DieAfter int
 

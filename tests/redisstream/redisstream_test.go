@@ -177,8 +177,8 @@ func slowHandler(t *testing.T, kind testdb.Kind, mode tt.Mode, lease, heartbeat 
 	s1.Slow = map[string]time.Duration{slow: handler}
 	s2.Slow = s1.Slow
 	c1, c2 := e.StartInProcess(s1), e.StartInProcess(s2)
-	e.WaitFor("every effect and nothing pending", func() (bool, error) {
-		n, err := e.DistinctEffects()
+	e.WaitFor("every event completed and nothing pending", func() (bool, error) {
+		n, err := e.Completed()
 		if err != nil || n < len(events) || c1.InFlight()+c2.InFlight() > 0 {
 			return false, err
 		}
