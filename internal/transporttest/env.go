@@ -266,13 +266,6 @@ func (e *Env) EffectsByEvent() map[string][]Effect {
 	return by
 }
 
-// DistinctEffects counts the events that have an effect.
-func (e *Env) DistinctEffects() (int, error) {
-	var n int
-	err := e.DB.QueryRowContext(e.T.Context(), "SELECT COUNT(DISTINCT event_id) FROM "+e.base.Effects).Scan(&n)
-	return n, err
-}
-
 // Completed counts the inbox records whose outcome is recorded as completed.
 func (e *Env) Completed() (int, error) {
 	var n int
