@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -108,10 +111,16 @@ func (id ID) IdempotencyKey() string {
 	return hex.EncodeToString(s[:])
 }
 
-// String returns the digest form, so that an ID printed by accident does
-// not leak its key.
+// String returns the digest form, "operation/digest", so that an ID
+// printed by accident does not leak its key. An operation holding a
+// character that is not printable (a terminal escape, a newline) is
+// quoted, so that printing an ID cannot drive the terminal it lands on.
 func (id ID) String() string {
-	return fmt.Sprintf("%s/%s", id.Operation, id.Digest())
+	op := id.Operation
+	if strings.IndexFunc(op, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		op = strconv.Quote(op)
+	}
+	return op + "/" + id.Digest()
 }
 
 // NewOwnerID returns a lease owner name unique to this process:

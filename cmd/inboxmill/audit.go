@@ -72,6 +72,9 @@ reads everything.`,
 			for {
 				f.After = next
 				page, n, err := i.store.ListAudit(ctx, f)
+				if errors.Is(err, inbox.ErrInvalidParams) {
+					return usageErr(err) // a malformed --after or --limit
+				}
 				if err != nil {
 					return err
 				}

@@ -100,8 +100,13 @@ func resolveTarget(f dbFlags) (target, error) {
 	t := target{dialect: d, dsn: f.dsn, shown: redact(f.dsn)}
 	switch d {
 	case "postgres":
-		if u, err := url.Parse(f.dsn); err == nil && u.User != nil {
-			t.password, _ = u.User.Password()
+		if u, err := url.Parse(f.dsn); err == nil && u.Scheme != "" {
+			if u.User != nil {
+				t.password, _ = u.User.Password()
+			}
+			if t.password == "" {
+				t.password = u.Query().Get("password")
+			}
 		} else if m := kvPassword.FindStringSubmatch(f.dsn); m != nil {
 			t.password = strings.Trim(m[1], `'`)
 		}
@@ -182,7 +187,7 @@ func redact(dsn string) string { return dsnpkg.Redact(dsn) }
 // scrub removes the password from a driver's error text, should the
 // driver have quoted the DSN.
 func (t target) scrub(err error) error {
-	if err == nil || len(t.password) < 3 || !strings.Contains(err.Error(), t.password) {
+	if err == nil || t.password == "" || !strings.Contains(err.Error(), t.password) {
 		return err
 	}
 	return &scrubbed{msg: strings.ReplaceAll(err.Error(), t.password, "xxxxx"), err: err}

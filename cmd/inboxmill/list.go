@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -54,6 +55,9 @@ terminal would interpret).`,
 			for {
 				f.After = next
 				page, err := i.store.List(ctx, f)
+				if errors.Is(err, inbox.ErrInvalidParams) {
+					return usageErr(err) // a malformed --after or --limit
+				}
 				if err != nil {
 					return err
 				}

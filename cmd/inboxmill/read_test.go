@@ -120,6 +120,9 @@ func TestList(t *testing.T) {
 		require.Equal(t, []string{"charge/pi-1", "charge/pi-3", "ship/old-1", "ship/old-2"}, keys(list("--older-than", "7d")))
 		require.Equal(t, []string{"charge/pi-3"}, keys(list("--older-than", "24h", "--status", "processing")), "filters combine")
 		require.Empty(t, keys(list("--attempt-above", "1")))
+		// A cursor that is not one of ours is a usage error, not a failure.
+		require.Equal(t, exitUsage, e.run(t, "list", "--after", "!!!").code)
+		require.Equal(t, exitUsage, e.run(t, "audit", "--after", "zz").code)
 
 		// Pages.
 		p1 := list("--limit", "3")

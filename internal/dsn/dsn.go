@@ -8,19 +8,31 @@ import (
 	"strings"
 )
 
+// hidden replaces a password.
+const hidden = "xxxxx"
+
 // Redact returns dsn with its password replaced by "xxxxx", for logs and
 // error messages. It knows the URL form (postgres://user:pass@host/db,
-// mysql://...), the MySQL driver's form (user:pass@tcp(host)/db) and the
-// key=value form (host=... password=...). A DSN it cannot parse is
-// returned with everything before its last "@" hidden, since that is
-// where a password would be.
+// mysql://..., with a password in the userinfo or in a password= query
+// parameter), the MySQL driver's form (user:pass@tcp(host)/db) and libpq's
+// key=value form (host=... password=... or password='quoted value'). A URL
+// it cannot parse is returned with everything between the scheme and the
+// last "@" hidden, since that is where a password would be.
 func Redact(dsn string) string {
 	if strings.Contains(dsn, "://") {
 		u, err := url.Parse(dsn)
-		if err == nil {
-			return u.Redacted()
+		if err != nil {
+			return hideUserinfo(dsn)
 		}
-		return hideUserinfo(dsn)
+		if q := u.Query(); hasPassword(q) {
+			for k := range q {
+				if isPasswordKey(k) {
+					q[k] = []string{hidden}
+				}
+			}
+			u.RawQuery = q.Encode()
+		}
+		return u.Redacted()
 	}
 	if kv, ok := redactKeyValue(dsn); ok {
 		return kv
@@ -29,42 +41,98 @@ func Redact(dsn string) string {
 		// user:pass@tcp(host)/db — the MySQL driver's form.
 		cred := dsn[:at]
 		if i := strings.Index(cred, ":"); i >= 0 {
-			return cred[:i] + ":xxxxx" + dsn[at:]
+			return cred[:i] + ":" + hidden + dsn[at:]
 		}
 		return dsn
 	}
 	return dsn
 }
 
+func isPasswordKey(k string) bool {
+	return strings.EqualFold(k, "password") || strings.EqualFold(k, "passwd") || strings.EqualFold(k, "pass")
+}
+
+func hasPassword(q url.Values) bool {
+	for k := range q {
+		if isPasswordKey(k) {
+			return true
+		}
+	}
+	return false
+}
+
 func hideUserinfo(dsn string) string {
 	scheme, rest, _ := strings.Cut(dsn, "://")
 	if at := strings.LastIndex(rest, "@"); at >= 0 {
-		return scheme + "://xxxxx" + rest[at:]
+		return scheme + "://" + hidden + rest[at:]
 	}
 	return dsn
 }
 
-// redactKeyValue handles libpq's "host=h user=u password=p" form.
+// redactKeyValue handles libpq's "host=h user=u password=p" form, whose
+// values may be single-quoted with backslash escapes ('s3 cr\'t'). It
+// reports false for a string that is not in that form.
 func redactKeyValue(dsn string) (string, bool) {
-	if !strings.Contains(dsn, "=") || strings.Contains(dsn, "@") && !strings.Contains(dsn, " ") {
+	s := strings.TrimSpace(dsn)
+	if s == "" || !strings.Contains(s, "=") {
 		return "", false
 	}
-	fields := strings.Fields(dsn)
-	found := false
-	for i, f := range fields {
-		k, _, ok := strings.Cut(f, "=")
-		if !ok {
+	var (
+		out   strings.Builder
+		found bool
+	)
+	for i := 0; i < len(s); {
+		for i < len(s) && s[i] == ' ' {
+			i++
+		}
+		if i == len(s) {
+			break
+		}
+		start := i
+		for i < len(s) && s[i] != '=' && s[i] != ' ' {
+			i++
+		}
+		if i == len(s) || s[i] != '=' || i == start {
 			return "", false
 		}
-		if strings.EqualFold(k, "password") {
-			fields[i] = k + "=xxxxx"
+		key := s[start:i]
+		i++ // '='
+		vstart := i
+		if i < len(s) && s[i] == '\'' {
+			i++
+			for i < len(s) && s[i] != '\'' {
+				if s[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			if i >= len(s) {
+				return "", false // unterminated quote
+			}
+			i++
+		} else {
+			for i < len(s) && s[i] != ' ' {
+				i++
+			}
+		}
+		if out.Len() > 0 {
+			out.WriteByte(' ')
+		}
+		out.WriteString(key)
+		out.WriteByte('=')
+		if isPasswordKey(key) {
+			out.WriteString(hidden)
 			found = true
+		} else {
+			out.WriteString(s[vstart:i])
 		}
 	}
-	if !found && !strings.Contains(dsn, " ") {
+	if !found && !strings.Contains(s, " ") {
+		// One key=value pair without a password: more likely a path or a
+		// MySQL DSN with a query than a libpq string.
 		return "", false
 	}
-	return strings.Join(fields, " "), true
+	return out.String(), true
 }
 
 // Dialect returns the dialect a DSN is written for: "postgres" for

@@ -1,6 +1,9 @@
 package dsn
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestRedact(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
@@ -14,6 +17,12 @@ func TestRedact(t *testing.T) {
 		{"postgres://app:bad%zz@db/x", "postgres://xxxxx@db/x"},
 		{"file:inbox.db?_pragma=busy_timeout(5000)", "file:inbox.db?_pragma=busy_timeout(5000)"},
 		{"./inbox.db", "./inbox.db"},
+		{"postgres://app@h/db?password=s3cr3t&sslmode=disable", "postgres://app@h/db?password=xxxxx&sslmode=disable"},
+		{"postgres://app:pw@h/db?sslmode=disable&PASSWORD=x", "postgres://app:xxxxx@h/db?PASSWORD=xxxxx&sslmode=disable"},
+		{"host=127.0.0.1 port=1 user=app password='s3 cr3t' dbname=orders", "host=127.0.0.1 port=1 user=app password=xxxxx dbname=orders"},
+		{`host=h password='it\'s secret' dbname=x`, "host=h password=xxxxx dbname=x"},
+		{"password=s3cr3t", "password=xxxxx"},
+		{"root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC", "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"},
 	} {
 		if got := Redact(c.in); got != c.want {
 			t.Errorf("Redact(%q) = %q, want %q", c.in, got, c.want)
@@ -38,6 +47,25 @@ func TestDialect(t *testing.T) {
 	} {
 		if got := Dialect(c.in); got != c.want {
 			t.Errorf("Dialect(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestRedactNeverShowsThePassword: whatever the form, the password's text
+// is gone.
+func TestRedactNeverShowsThePassword(t *testing.T) {
+	for _, in := range []string{
+		"postgres://app:hunter2secret@db/x",
+		"postgres://app@db/x?password=hunter2secret",
+		"mysql://app:hunter2secret@db/x",
+		"app:hunter2secret@tcp(db)/x",
+		"app:hunter2secret@unix(/run/mysqld/mysqld.sock)/x?parseTime=true",
+		"user=app password=hunter2secret host=db",
+		"user=app password='hunter2secret and more' host=db",
+		"postgres://app:hunter2secret@db:bad/x",
+	} {
+		if got := Redact(in); strings.Contains(got, "hunter2secret") {
+			t.Errorf("Redact(%q) = %q still shows the password", in, got)
 		}
 	}
 }

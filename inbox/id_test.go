@@ -1,0 +1,26 @@
+package inbox_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// TestIDStringIsSafeToPrint: the printed form names the key by digest only
+// and quotes an operation that could drive a terminal.
+func TestIDStringIsSafeToPrint(t *testing.T) {
+	id := inbox.ID{Scope: "acme", Operation: "ship_order", Key: "customer-42@example.com"}
+	require.Equal(t, "ship_order/"+id.Digest(), id.String())
+	require.NotContains(t, id.String(), "customer-42")
+
+	evil := inbox.ID{Operation: "op\x1b[2J\x1b]0;PWNED\a", Key: "k"}
+	s := evil.String()
+	require.False(t, strings.ContainsAny(s, "\x1b\a"), "%q", s)
+	require.Equal(t, `"op\x1b[2J\x1b]0;PWNED\a"/`+evil.Digest(), s)
+
+	uni := inbox.ID{Operation: "versand_lieferung_ü", Key: "k"}
+	require.Equal(t, "versand_lieferung_ü/"+uni.Digest(), uni.String(), "printable text is left alone")
+}
