@@ -30,6 +30,7 @@ type file struct {
 
 type service struct {
 	Image       string            `yaml:"image"`
+	Command     []string          `yaml:"command"`
 	Environment map[string]string `yaml:"environment"`
 	Ports       []string          `yaml:"ports"`
 	Healthcheck *healthcheck      `yaml:"healthcheck"`
@@ -48,6 +49,10 @@ const (
 	postgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	mysqlDSN    = "root@tcp(127.0.0.1:3306)/test?parseTime=true"
 	kafkaBroker = "localhost:9092"
+	// The transport tests' defaults (tests/nats, tests/amqp, tests/redisstream).
+	natsURL   = "nats://127.0.0.1:4222"
+	amqpURI   = "amqp://guest:guest@127.0.0.1:5672/"
+	redisAddr = "127.0.0.1:6379"
 )
 
 func load(t *testing.T) file {
@@ -69,12 +74,12 @@ func TestComposeServices(t *testing.T) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	require.Equal(t, []string{"kafka", "mariadb", "postgres"}, names, "no ZooKeeper, nothing else")
+	require.Equal(t, []string{"kafka", "mariadb", "nats", "postgres", "rabbitmq", "redis"}, names, "no ZooKeeper, nothing else")
 }
 
 // exactTag: a version with at least major.minor, never latest or a bare
 // major version that moves under the user.
-var exactTag = regexp.MustCompile(`^[a-z0-9][a-z0-9._/-]*:\d+\.\d+(\.\d+)?$`)
+var exactTag = regexp.MustCompile(`^[a-z0-9][a-z0-9._/-]*:\d+\.\d+(\.\d+)?(-[a-z0-9]+)?$`)
 
 func TestComposeImagesArePinned(t *testing.T) {
 	for name, s := range load(t).Services {
@@ -154,6 +159,18 @@ func TestComposeMatchesTheDefaults(t *testing.T) {
 	// Clients connect wherever the broker advertises: the host's side of
 	// the port mapping, not the container's name.
 	require.Contains(t, strings.Split(s.Environment["KAFKA_ADVERTISED_LISTENERS"], ","), "PLAINTEXT://"+kafkaBroker)
+
+	for name, addr := range map[string]string{"nats": natsURL, "rabbitmq": amqpURI, "redis": "redis://" + redisAddr} {
+		u, err := url.Parse(addr)
+		require.NoError(t, err)
+		want, err := strconv.Atoi(u.Port())
+		require.NoError(t, err)
+		ip, port := hostPort(t, f.Services[name].Ports, want)
+		require.Equal(t, "127.0.0.1", ip, name)
+		require.Equal(t, want, port, name)
+	}
+	// The NATS tests use JetStream, which the server runs only with -js.
+	require.Contains(t, f.Services["nats"].Command, "-js")
 }
 
 // TestComposeKafkaIsKRaft: one node that is its own controller, no
