@@ -19,6 +19,7 @@ func (a *app) serveCmd() *cobra.Command {
 		addr, token, actor string
 		readOnly, debug    bool
 		shutdown           time.Duration
+		allowHosts         []string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -29,12 +30,15 @@ forms that ask for a reason, the audit trail, Prometheus metrics at /metrics
 and a health check at /healthz.
 
 It binds to 127.0.0.1 unless told otherwise; any address beyond the loopback
-interface requires --token (or INBOXMILL_TOKEN), which every request but
-/healthz must then present (as a bearer token, or through the login page).
+interface requires --token (or INBOXMILL_TOKEN) of at least 16 bytes, which
+every request but /healthz must then present (as a bearer token, or through
+the login page). Without a token the console answers only requests addressed
+to 127.0.0.1, [::1] or localhost (and the names --allow-host adds), so that
+no other site's page can reach it through a rebound DNS name.
 --read-only hides the forms and refuses their requests. SIGINT or SIGTERM
 stops it, letting requests under way finish for --shutdown-timeout.`,
 		Example: `  inboxmill serve --dsn inbox.db
-  INBOXMILL_TOKEN=$(openssl rand -hex 16) inboxmill serve --addr :8080 --read-only`,
+  INBOXMILL_TOKEN=$(openssl rand -hex 32) inboxmill serve --addr :8080 --read-only`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("token") {
@@ -54,13 +58,20 @@ stops it, letting requests under way finish for --shutdown-timeout.`,
 				level = slog.LevelDebug
 			}
 			logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
-			h, err := console.New(console.Config{Store: i.store, Token: token, ReadOnly: readOnly, Logger: logger, Actor: actor})
+			h, err := console.New(console.Config{Store: i.store, Token: token, ReadOnly: readOnly, Logger: logger, Actor: actor,
+				AllowedHosts: allowHosts})
 			if err != nil {
 				return usageErr(err)
 			}
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", addr, err)
+			}
+			if token == "" {
+				if err := checkLoopbackListener(addr, ln.Addr()); err != nil {
+					ln.Close()
+					return usageErr(err)
+				}
 			}
 			srv := &http.Server{
 				Handler:           h,
@@ -104,6 +115,18 @@ stops it, letting requests under way finish for --shutdown-timeout.`,
 	fl.BoolVar(&readOnly, "read-only", false, "hide the resolve and forget forms and refuse their requests")
 	fl.StringVar(&actor, "actor", "", "the actor the audit trail names when a form leaves it empty (default \""+console.DefaultActor+"\")")
 	fl.BoolVar(&debug, "debug", false, "log every request (paths only, never keys or bodies)")
+	fl.StringSliceVar(&allowHosts, "allow-host", nil, "a further host name a console without a token answers (e.g. one an SSH tunnel forwards under); repeatable")
 	fl.DurationVar(&shutdown, "shutdown-timeout", 10*time.Second, "how long requests under way may take to finish at shutdown")
 	return cmd
+}
+
+// checkLoopbackListener refuses a listener without a token on anything
+// but a loopback address: [console.CheckBind] trusts "localhost" by name,
+// and a resolver may map it elsewhere.
+func checkLoopbackListener(addr string, got net.Addr) error {
+	if tcp, ok := got.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is listening on %s, not a loopback address; pass a token (--token or INBOXMILL_TOKEN) or bind to 127.0.0.1",
+		console.ErrTokenRequired, addr, got)
 }

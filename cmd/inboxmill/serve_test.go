@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/internal/console"
 )
 
 // syncBuffer is a bytes.Buffer the command writes while the test reads.
@@ -82,8 +85,17 @@ func (e *env) serve(t *testing.T, args ...string) (string, func() result) {
 
 func get(t *testing.T, url, token string) (int, string) {
 	t.Helper()
+	return getHost(t, url, "", token)
+}
+
+// getHost is get with the Host header host (when not empty).
+func getHost(t *testing.T, url, host, token string) (int, string) {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	require.NoError(t, err)
+	if host != "" {
+		req.Host = host
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -113,6 +125,17 @@ func TestServe(t *testing.T) {
 		require.Contains(t, r.stdout, "console stopped\n")
 		require.NotContains(t, r.stderr, "pi-1", "the console logs no keys")
 
+		// Without a token, only loopback names (and --allow-host) reach it.
+		url, stop = e.serve(t, "--allow-host", "tunnel.example")
+		code, body = getHost(t, url+"/", "attacker.example:8080", "")
+		require.Equal(t, http.StatusMisdirectedRequest, code, body)
+		code, _ = getHost(t, url+"/", "tunnel.example:9000", "")
+		require.Equal(t, http.StatusOK, code)
+		code, _ = getHost(t, url+"/", "localhost:9000", "")
+		require.Equal(t, http.StatusOK, code)
+		r = stop()
+		require.Equal(t, exitOK, r.code, r.String())
+
 		// A token, from the environment or the flag, guards every page
 		// but /healthz.
 		url, stop = e.serve(t, "--token", "s3cret-token", "--read-only")
@@ -141,4 +164,44 @@ func TestServeAddressTaken(t *testing.T) {
 	r := e.run(t, "serve", "--addr", ln.Addr().String())
 	require.Equal(t, exitFailed, r.code, r.String())
 	require.Contains(t, r.stderr, "listen on "+ln.Addr().String())
+}
+
+// TestServeShortToken: beyond the loopback interface a token needs 16
+// bytes.
+func TestServeShortToken(t *testing.T) {
+	e := setup(t, "sqlite")
+	r := e.run(t, "serve", "--addr", "0.0.0.0:0", "--token", "short")
+	require.Equal(t, exitUsage, r.code, r.String())
+	require.Contains(t, r.stderr, "at least 16 bytes")
+	require.Contains(t, r.stderr, "openssl rand -hex 32")
+}
+
+// TestCheckLoopbackListener: without a token, what "localhost" resolved
+// to must be a loopback address.
+func TestCheckLoopbackListener(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []net.Addr{
+		&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080},
+		&net.TCPAddr{IP: net.IPv4(127, 3, 2, 1), Port: 8080},
+		&net.TCPAddr{IP: net.IPv6loopback, Port: 8080},
+	} {
+		assert.NoError(t, checkLoopbackListener("localhost:8080", ok), ok.String())
+	}
+	for _, bad := range []net.Addr{
+		&net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 8080},
+		&net.TCPAddr{IP: net.IPv4zero, Port: 8080},
+		&net.TCPAddr{IP: net.IPv6unspecified, Port: 8080},
+		&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 8080},
+		&net.TCPAddr{Port: 8080},
+		&net.UnixAddr{Name: "/tmp/console.sock", Net: "unix"},
+	} {
+		err := checkLoopbackListener("localhost:8080", bad)
+		require.ErrorIs(t, err, console.ErrTokenRequired, bad.String())
+		assert.Contains(t, err.Error(), "localhost:8080 is listening on "+bad.String())
+	}
+	// A real listener on loopback passes.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	require.NoError(t, checkLoopbackListener("127.0.0.1:0", ln.Addr()))
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -161,9 +162,23 @@ func (h *handler) unauthorized(w http.ResponseWriter, r *http.Request, msg strin
 type loginView struct{ Next string }
 
 // localPath returns p when it is a path on this server, "/" otherwise, so
-// that the login form's next field cannot send anyone elsewhere.
+// that the login form's next field cannot send anyone elsewhere. A
+// browser drops tabs and newlines from a Location and reads a backslash
+// as a slash, so "/\t/evil.example" or "/\\evil.example" would be
+// "//evil.example", another host: p may hold no control byte and no
+// backslash, and must parse as a bare path (no scheme, no host) that
+// starts with one slash, not two. Percent-escapes stay escaped in the
+// redirect, so "/%2F%2Fevil.example" is a path here.
 func localPath(p string) string {
-	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.HasPrefix(p, "/\\") || strings.HasPrefix(p, "/login") {
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c < 0x20 || c == 0x7f || c == '\\' {
+			return "/"
+		}
+	}
+	u, err := url.Parse(p)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" ||
+		!strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.HasPrefix(u.EscapedPath(), "//") ||
+		strings.HasPrefix(u.Path, "/login") {
 		return "/"
 	}
 	return p

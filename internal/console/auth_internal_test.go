@@ -45,13 +45,26 @@ func TestCSRFToken(t *testing.T) {
 	assert.False(t, h.validCSRF(nonce+"."+b64.EncodeToString(h.mac("login", nonce, ""))))
 }
 
+// TestLocalPath checks the login form's next field: what stays on this
+// server passes, and whatever a browser could read as another host (after
+// dropping tabs and newlines and turning backslashes into slashes) is "/".
 func TestLocalPath(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"/audit": "/audit", "/record?key=a": "/record?key=a", "": "/", "https://x.example/": "/",
-		"//x.example": "/", `/\x.example`: "/", "/login?next=/": "/", "audit": "/",
+		"/audit": "/audit", "/record?key=a": "/record?key=a", "/records?status=pending&limit=2": "/records?status=pending&limit=2",
+		"/record?key=a%2Fb#top": "/record?key=a%2Fb#top", "": "/", "audit": "/", "/login?next=/": "/", "/login": "/",
+		"https://x.example/": "/", "http:/x.example": "/", "javascript:alert(1)": "/", "mailto:a@x.example": "/",
+		"//x.example": "/", "///x.example": "/", "////x.example": "/", "//user@x.example/": "/",
+		`/\x.example`: "/", `\\x.example`: "/", `/\/x.example`: "/", `/a\b`: "/", `\/x.example`: "/",
+		"/\t/x.example/": "/", "/\n/x.example": "/", "/\r/x.example": "/", "\t//x.example": "/", "/\x00/x.example": "/",
+		"/\x7f/x.example": "/", "/\x1f/x.example": "/", "/ok\tpath": "/",
+		"/%zz": "/", // does not parse
+		// Percent-escapes stay escaped in the Location a redirect sends, so
+		// these are paths on this server, not other hosts.
+		"/%2F%2Fx.example": "/%2F%2Fx.example", "/%09/x.example/": "/%09/x.example/", "/%5Cx.example": "/%5Cx.example",
+		"/caf%C3%A9": "/caf%C3%A9", "/ün": "/ün",
 	} {
-		assert.Equal(t, want, localPath(in), in)
+		assert.Equal(t, want, localPath(in), "%q", in)
 	}
 }
 

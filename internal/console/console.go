@@ -24,8 +24,13 @@ import (
 var ErrInvalidConfig = errors.New("console: invalid config")
 
 // ErrTokenRequired: a console bound beyond the loopback interface has no
-// token. See [CheckBind].
-var ErrTokenRequired = errors.New("console: a token is required to listen beyond the loopback interface")
+// token, or one shorter than [MinTokenLen] bytes. See [CheckBind].
+var ErrTokenRequired = errors.New("console: a token of at least 16 bytes is required to listen beyond the loopback interface")
+
+// MinTokenLen is the shortest token [CheckBind] accepts for an address
+// beyond the loopback interface, in bytes. `openssl rand -hex 32` makes a
+// good one.
+const MinTokenLen = 16
 
 // Config configures the console. Store is the only required field.
 type Config struct {
@@ -38,8 +43,20 @@ type Config struct {
 	// login cookie. It is compared in constant time. Empty: no
 	// authentication, which is only safe on a loopback address; the
 	// command serving the console calls [CheckBind] to refuse anything
-	// else.
+	// else. Without a token the console also answers only requests
+	// addressed to it by a loopback name — a Host header of "localhost",
+	// an IP address in 127.0.0.0/8 or "[::1]", with any port, or one of
+	// AllowedHosts — and 421 Misdirected Request to any other: a page on
+	// another site whose name was rebound to 127.0.0.1 (DNS rebinding)
+	// gets nothing.
 	Token string
+
+	// AllowedHosts are further host names (without a port, compared
+	// case-insensitively; an IPv6 address without brackets) that a console
+	// without a token answers, for instance the name an SSH tunnel or a
+	// local proxy forwards under. Ignored with a Token, which every
+	// request must carry anyway. Defaults to none.
+	AllowedHosts []string
 
 	// ReadOnly hides the resolve and forget forms and refuses their
 	// requests (403). Defaults to false.
@@ -56,7 +73,7 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Registry is where the console registers its metrics — gauges read
-	// from [inbox.Store.Overview] on every scrape, and a counter of
+	// from [inbox.Store.Overview] (see MetricsMaxAge), and a counter of
 	// operator actions — and what /metrics serves. Defaults to a new
 	// registry that also holds the Go runtime and process collectors.
 	// Registering twice in one registry fails New.
@@ -74,10 +91,22 @@ type Config struct {
 	// Timeout bounds the database work of one request and of one metrics
 	// scrape. Defaults to 10 seconds.
 	Timeout time.Duration
+
+	// MetricsMaxAge is how long the inbox gauges /metrics serves may be
+	// reused: a scrape reads [inbox.Store.Overview] (a count over the
+	// whole table) only when the last read is older, and concurrent
+	// scrapes share one read. A failed read is reused the same way, so a
+	// struggling database is not asked again by every scraper. Defaults
+	// to 15 seconds; set it below the scrape interval for gauges read
+	// afresh at every scrape.
+	MetricsMaxAge time.Duration
 }
 
 // DefaultActor is Config.Actor's default.
 const DefaultActor = "console"
+
+// DefaultMetricsMaxAge is Config.MetricsMaxAge's default.
+const DefaultMetricsMaxAge = 15 * time.Second
 
 func (c Config) withDefaults() Config {
 	if c.Actor == "" {
@@ -95,6 +124,9 @@ func (c Config) withDefaults() Config {
 	if c.Timeout == 0 {
 		c.Timeout = 10 * time.Second
 	}
+	if c.MetricsMaxAge == 0 {
+		c.MetricsMaxAge = DefaultMetricsMaxAge
+	}
 	return c
 }
 
@@ -111,6 +143,16 @@ func (c Config) validate() error {
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("%w: Timeout is negative", ErrInvalidConfig))
+	}
+	if c.MetricsMaxAge < 0 {
+		errs = append(errs, fmt.Errorf("%w: MetricsMaxAge is negative", ErrInvalidConfig))
+	}
+	for _, host := range c.AllowedHosts {
+		if host == "" || strings.ContainsAny(host, " \t\r\n/[]") {
+			errs = append(errs, fmt.Errorf("%w: AllowedHosts entry %q is not a host name", ErrInvalidConfig, host))
+		} else if _, _, err := net.SplitHostPort(host); err == nil {
+			errs = append(errs, fmt.Errorf("%w: AllowedHosts entry %q has a port; give the host alone", ErrInvalidConfig, host))
+		}
 	}
 	if err := inbox.CheckText(c.Actor, inbox.MaxActorLen); err != nil {
 		errs = append(errs, fmt.Errorf("%w: Actor %w", ErrInvalidConfig, err))
@@ -139,6 +181,7 @@ type handler struct {
 	secret  []byte // signs login cookies and CSRF tokens; this process only
 	pages   *pages
 	actions *prometheus.CounterVec
+	gauges  *overviewCollector
 	mux     *http.ServeMux
 }
 
@@ -160,7 +203,13 @@ type handler struct {
 //
 // Every POST needs the CSRF token of a form the console rendered (403
 // otherwise); with a Token every route but /healthz, /static/ and /login
-// needs it too (401 otherwise).
+// needs it too (401 otherwise). Without a Token, a request addressed to a
+// host that is not a loopback name gets 421 (see [Config.Token]). A
+// request a browser marks as sent by another site (Sec-Fetch-Site:
+// cross-site) gets 403 unless it is a top-level GET navigation (a link
+// followed; Sec-Fetch-Mode: navigate and Sec-Fetch-Dest: document) or for
+// /static/ or /healthz: another site's page cannot make the console run
+// queries behind an image or a script.
 func New(cfg Config) (http.Handler, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -189,7 +238,8 @@ func New(cfg Config) (http.Handler, error) {
 		Help:        "Operator actions submitted through the console, by action (resolve, forget) and result (applied, dry_run, refused, error).",
 		ConstLabels: prometheus.Labels{"table": h.store.Table()},
 	}, []string{"action", "result"})
-	if err := errors.Join(reg.Register(newOverviewCollector(h)), reg.Register(h.actions)); err != nil {
+	h.gauges = newOverviewCollector(h)
+	if err := errors.Join(reg.Register(h.gauges), reg.Register(h.actions)); err != nil {
 		return nil, fmt.Errorf("console: metrics: %w", err)
 	}
 
@@ -211,7 +261,7 @@ func New(cfg Config) (http.Handler, error) {
 	for _, path := range []string{"/record/resolve", "/record/forget", "/logout"} {
 		mux.HandleFunc(path, postOnly)
 	}
-	mux.Handle("GET /metrics", h.protect(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{h.log}}).ServeHTTP))
+	mux.Handle("GET /metrics", h.protect(h.metrics(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{h.log}}))))
 	mux.HandleFunc("GET /healthz", h.healthz)
 	files := http.StripPrefix("/static/", http.FileServerFS(static))
 	mux.HandleFunc("GET /static/", func(w http.ResponseWriter, r *http.Request) {
@@ -243,7 +293,19 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 	start := time.Now()
-	h.mux.ServeHTTP(sw, r)
+	switch {
+	case !h.hostAllowed(r.Host):
+		h.log.Info("console request refused: not addressed to a loopback name", "method", r.Method, "path", r.URL.Path,
+			"host", r.Host, "remote", r.RemoteAddr)
+		http.Error(sw, "421 misdirected request: this console has no token, so it answers only requests addressed to "+
+			"127.0.0.1, [::1] or localhost. Open it by one of those names, or serve it with a token.", http.StatusMisdirectedRequest)
+	case crossSite(r):
+		h.log.Info("console request refused: sent by another site", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+		http.Error(sw, "403 forbidden: the console does not answer requests another site's page makes; open it directly.",
+			http.StatusForbidden)
+	default:
+		h.mux.ServeHTTP(sw, r)
+	}
 	// The path only: a record's query names its key.
 	h.log.Debug("console request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
 		"duration", time.Since(start).Round(time.Microsecond))
@@ -280,23 +342,31 @@ type slogPrinter struct{ log *slog.Logger }
 
 func (p slogPrinter) Println(v ...any) { p.log.Error("console metrics", "error", fmt.Sprint(v...)) }
 
-// CheckBind refuses to serve the console on addr without a token unless
-// addr is a loopback address: "127.0.0.1:8080", "[::1]:8080" and
-// "localhost:8080" pass without one; ":8080", "0.0.0.0:8080" and any
-// other host need token. The host must be an IP address or "localhost":
-// another name could resolve anywhere.
+// CheckBind refuses to serve the console on addr without a token of at
+// least [MinTokenLen] bytes unless addr is a loopback address:
+// "127.0.0.1:8080", "[::1]:8080" and "localhost:8080" pass without one;
+// ":8080", "0.0.0.0:8080" and any other host need a token. The host must
+// be an IP address or "localhost": another name could resolve anywhere.
+// ("localhost" is trusted by name here; a caller should check that the
+// listener it gets is on a loopback address.)
 func CheckBind(addr, token string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%w: address %q: %w", ErrInvalidConfig, addr, err)
 	}
-	if token != "" || isLoopback(host) {
+	if isLoopback(host) {
 		return nil
 	}
 	if host == "" {
 		host = "every interface"
 	}
-	return fmt.Errorf("%w: %s is not a loopback address; pass a token (--token or INBOXMILL_TOKEN) or bind to 127.0.0.1", ErrTokenRequired, host)
+	if token == "" {
+		return fmt.Errorf("%w: %s is not a loopback address; pass a token (--token or INBOXMILL_TOKEN; `openssl rand -hex 32` makes one) or bind to 127.0.0.1", ErrTokenRequired, host)
+	}
+	if len(token) < MinTokenLen {
+		return fmt.Errorf("%w: the token has %d bytes, too few to guard %s; `openssl rand -hex 32` makes a good one", ErrTokenRequired, len(token), host)
+	}
+	return nil
 }
 
 func isLoopback(host string) bool {
@@ -305,4 +375,59 @@ func isLoopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// hostAllowed reports whether a console answers a request whose Host
+// header is hostport: always with a token; without one, only when the
+// host is "localhost", a loopback IP address (IPv6 in brackets) or one of
+// Config.AllowedHosts.
+func (h *handler) hostAllowed(hostport string) bool {
+	if h.cfg.Token != "" {
+		return true
+	}
+	host, ok := hostOnly(hostport)
+	if !ok {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	for _, allowed := range h.cfg.AllowedHosts {
+		if strings.EqualFold(host, allowed) {
+			return true
+		}
+	}
+	return false
+}
+
+// hostOnly returns the host of a Host header, without its port and an
+// IPv6 address without its brackets. It refuses an IPv6 address without
+// brackets, which a Host header cannot carry.
+func hostOnly(hostport string) (string, bool) {
+	if host, _, err := net.SplitHostPort(hostport); err == nil {
+		return host, host != ""
+	}
+	if strings.HasPrefix(hostport, "[") && strings.HasSuffix(hostport, "]") {
+		host := hostport[1 : len(hostport)-1]
+		return host, strings.Contains(host, ":")
+	}
+	return hostport, hostport != "" && !strings.ContainsAny(hostport, ":[]")
+}
+
+// crossSite reports whether a browser says another site's page sent r,
+// and r is not one the console answers anyway: a top-level GET
+// navigation (a link followed, a URL pasted) or a request for /static/
+// or /healthz.
+func crossSite(r *http.Request) bool {
+	if r.Header.Get("Sec-Fetch-Site") != "cross-site" {
+		return false
+	}
+	if r.URL.Path == "/healthz" || strings.HasPrefix(r.URL.Path, "/static/") {
+		return false
+	}
+	navigation := r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document"
+	return !(navigation && (r.Method == http.MethodGet || r.Method == http.MethodHead))
 }

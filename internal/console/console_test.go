@@ -402,7 +402,7 @@ func TestAuth(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, tampered.get("/").status)
 
 	// The login form's next field stays on this site.
-	for _, next := range []string{"https://evil.example/", "//evil.example/", `/\evil.example`} {
+	for _, next := range []string{"https://evil.example/", "//evil.example/", `/\evil.example`, "/\t/evil.example/", "/\n/evil.example/", "///evil.example"} {
 		c := b.client(t)
 		tok := c.csrf("/login")
 		r := c.post("/login", url.Values{"token": {token}, "csrf_token": {tok}, "next": {next}})
@@ -550,7 +550,11 @@ func TestCheckBind(t *testing.T) {
 		{"[::]:8080", "", console.ErrTokenRequired},
 		{"10.1.2.3:8080", "", console.ErrTokenRequired},
 		{"console.internal:8080", "", console.ErrTokenRequired},
-		{"0.0.0.0:8080", "t", nil},
+		{"0.0.0.0:8080", "t", console.ErrTokenRequired},
+		{"0.0.0.0:8080", "0123456789abcde", console.ErrTokenRequired}, // 15 bytes
+		{"0.0.0.0:8080", "0123456789abcdef", nil},
+		{":8080", strings.Repeat("f", 64), nil},
+		{"127.0.0.1:8080", "t", nil}, // a token is optional on loopback
 		{"no-port", "", console.ErrInvalidConfig},
 	} {
 		err := console.CheckBind(tc.addr, tc.token)

@@ -12,13 +12,20 @@
 // history, with forms to resolve it (pending, or processing under an
 // expired lease) or forget it; both need a reason and land in the audit
 // trail, which has a page of its own. /metrics serves Prometheus gauges
-// read from [inbox.Store.Overview] at scrape time; /healthz pings the
+// read from [inbox.Store.Overview], at most once per
+// [Config.MetricsMaxAge] however many scrapers ask; /healthz pings the
 // database.
 //
 // # Security
 //
 // The console binds where its caller says; [CheckBind] refuses a
-// non-loopback address without a token. With [Config.Token] set, every
+// non-loopback address without a token of at least [MinTokenLen] bytes.
+// Without a token it answers only requests whose Host is a loopback name
+// (localhost, 127.0.0.0/8, [::1]) or one of [Config.AllowedHosts], and 421
+// to others, so that a page on another site cannot reach it by rebinding
+// its own name to 127.0.0.1. Whatever a browser says another site's page
+// sent (Sec-Fetch-Site: cross-site) is refused, but for a link followed
+// to a page, the stylesheet and /healthz. With [Config.Token] set, every
 // page, form and /metrics needs it, as a bearer token or through the
 // login form's login cookie (HttpOnly, SameSite=Strict, signed with a
 // secret that lives only in this process). Every state-changing request

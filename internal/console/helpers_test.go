@@ -139,6 +139,8 @@ type client struct {
 	http *http.Client
 	// header is added to every request.
 	header http.Header
+	// host, when set, is the Host header of every request.
+	host string
 }
 
 func (b *bundle) client(t *testing.T) *client {
@@ -169,6 +171,9 @@ func (c *client) do(method, path string, form url.Values) response {
 	}
 	for k, v := range c.header {
 		req.Header[k] = v
+	}
+	if c.host != "" {
+		req.Host = c.host
 	}
 	res, err := c.http.Do(req)
 	require.NoError(c.t, err)

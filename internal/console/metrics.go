@@ -2,17 +2,33 @@ package console
 
 import (
 	"context"
+	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
-// overviewCollector reads [inbox.Store.Overview] on every scrape, so the
-// gauges are as fresh as the scrape and cost nothing between scrapes.
+// overviewCollector serves gauges read from [inbox.Store.Overview], which
+// counts the whole table: it reads it again only when the last read is
+// older than Config.MetricsMaxAge, one read at a time, so that scrapes
+// close together (several Prometheus servers, a dashboard, a curl in a
+// loop) share one read.
 type overviewCollector struct {
 	h                                                          *handler
 	up, records, oldestPending, oldestExpiredLease, purge, lag *prometheus.Desc
+
+	// sem is held by the one caller reading the overview; the others wait
+	// for it (or for their context) and take what it read.
+	sem chan struct{}
+	// Guarded by sem.
+	last   inbox.Overview
+	lastAt time.Time // zero before the first read
+	err    error
+	// onRead, when set, runs before each read of the overview (tests
+	// count reads with it).
+	onRead func()
 }
 
 func newOverviewCollector(h *handler) *overviewCollector {
@@ -22,6 +38,7 @@ func newOverviewCollector(h *handler) *overviewCollector {
 	}
 	return &overviewCollector{
 		h:       h,
+		sem:     make(chan struct{}, 1),
 		up:      d("up", "1 when the last scrape read the inbox table, 0 when the database failed (the other inbox gauges are then absent)."),
 		records: d("records", "Records in the inbox table, by operation and status.", "operation", "status"),
 		oldestPending: d("oldest_pending_age_seconds",
@@ -39,10 +56,49 @@ func (c *overviewCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-func (c *overviewCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.h.cfg.Timeout)
+// read returns the overview, read at most Config.MetricsMaxAge ago: the
+// last one, or a new one read under ctx and Config.Timeout when it is
+// older. A failure is kept like an overview, unless it is ctx's own end,
+// which says nothing of the database.
+func (c *overviewCollector) read(ctx context.Context) (inbox.Overview, error) {
+	select {
+	case c.sem <- struct{}{}:
+	case <-ctx.Done():
+		return inbox.Overview{}, ctx.Err()
+	}
+	defer func() { <-c.sem }()
+	if !c.lastAt.IsZero() && time.Since(c.lastAt) < c.h.cfg.MetricsMaxAge {
+		return c.last, c.err
+	}
+	if c.onRead != nil {
+		c.onRead()
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.h.cfg.Timeout)
 	defer cancel()
-	ov, err := c.h.store.Overview(ctx)
+	ov, err := c.h.store.Overview(rctx)
+	if err != nil && ctx.Err() != nil {
+		return inbox.Overview{}, err
+	}
+	c.last, c.lastAt, c.err = ov, time.Now(), err
+	return ov, err
+}
+
+// metrics serves /metrics: it reads the overview under the scrape's
+// context first, so that the collector, which has none, finds it fresh.
+func (h *handler) metrics(next http.Handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if _, err := h.gauges.read(r.Context()); err != nil && r.Context().Err() != nil {
+			return // the scraper is gone
+		}
+		next.ServeHTTP(w, r)
+	}
+}
+
+// Collect sends the gauges of the overview [overviewCollector.read]
+// returns. Served by /metrics it finds the one the scrape just read; a
+// registry gathered elsewhere reads it here, bounded by Config.Timeout.
+func (c *overviewCollector) Collect(ch chan<- prometheus.Metric) {
+	ov, err := c.read(context.Background())
 	if err != nil {
 		c.h.log.Error("console metrics: reading the overview", "error", err)
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
