@@ -86,7 +86,8 @@ func TestDependenciesPointDown(t *testing.T) {
 				if g := floor(imp); g > f {
 					t.Errorf("%s (floor %d) imports %s (floor %d): dependencies must point down", rel(p.ImportPath), f, rel(imp), g)
 				}
-				if strings.HasPrefix(rel(imp), "internal/testdb") || strings.HasPrefix(rel(imp), "internal/testkit") {
+				if r := rel(imp); strings.HasPrefix(r, "internal/testdb") || strings.HasPrefix(r, "internal/testkit") ||
+					strings.HasPrefix(r, "internal/") && strings.HasSuffix(r, "test") {
 					t.Errorf("%s imports the test helper %s", rel(p.ImportPath), rel(imp))
 				}
 			}
