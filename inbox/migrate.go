@@ -21,6 +21,15 @@ type Migration struct {
 	Up, Down string
 }
 
+// UpStatements returns the statements of Up in the order [Store.Migrate]
+// runs them, each on its own: the file cut at every semicolon that ends a
+// line (outside a comment line), without that semicolon, comment-only
+// pieces dropped. For tools that apply the schema statement by statement.
+func (m Migration) UpStatements() []string { return splitStatements(m.Up) }
+
+// DownStatements is [Migration.UpStatements] for Down.
+func (m Migration) DownStatements() []string { return splitStatements(m.Down) }
+
 // Migrations returns the store dialect's migrations in version order,
 // rendered for the store's table name: what [Store.Migrate] applies, for
 // tools that keep migrations of their own.

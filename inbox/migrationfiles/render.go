@@ -106,8 +106,8 @@ func versions(d inbox.Dialect, table string, f Format) ([]version, error) {
 			return nil, err
 		}
 		v := version{Migration: m}
-		v.up = append(splitStatements(m.Up), record...)
-		v.down = append(append(forget, splitStatements(m.Down)...), drop...)
+		v.up = append(m.UpStatements(), record...)
+		v.down = append(append(forget, m.DownStatements()...), drop...)
 		vs = append(vs, v)
 	}
 	return vs, nil

@@ -10,43 +10,6 @@ import (
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
-// splitStatements cuts a migration body into statements the way
-// Store.Migrate does: a statement ends at a line whose text ends with a
-// semicolon and is not a comment; pieces holding only comments and blank
-// lines are dropped. The statements come back without their final
-// semicolon, with the comments that precede them.
-func splitStatements(body string) []string {
-	var out []string
-	var cur strings.Builder
-	flush := func() {
-		stmt := strings.TrimSpace(cur.String())
-		cur.Reset()
-		if stmt != "" && !onlyComments(stmt) {
-			out = append(out, stmt)
-		}
-	}
-	for line := range strings.Lines(body) {
-		trimmed := strings.TrimSpace(line)
-		if strings.HasSuffix(trimmed, ";") && !strings.HasPrefix(trimmed, "--") {
-			cur.WriteString(strings.TrimSuffix(strings.TrimRight(line, " \t\r\n"), ";"))
-			flush()
-			continue
-		}
-		cur.WriteString(line)
-	}
-	flush()
-	return out
-}
-
-func onlyComments(stmt string) bool {
-	for line := range strings.Lines(stmt) {
-		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "--") {
-			return false
-		}
-	}
-	return true
-}
-
 // gooseEndsStatement tells whether goose, outside a StatementBegin block,
 // ends a statement at this line: when the last word before a word that
 // starts a "--" comment ends with a semicolon.

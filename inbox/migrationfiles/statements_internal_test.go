@@ -6,26 +6,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestSplitStatementsAsTheStoreDoes(t *testing.T) {
-	t.Parallel()
-	body := `-- header
-CREATE TABLE a (x text DEFAULT 'a;b');
-
--- about b
-CREATE INDEX b ON a (x)
-    WHERE x <> '';
-SELECT 1; -- a trailing comment keeps the statement open
-SELECT 2;
--- only a comment;
-`
-	require.Equal(t, []string{
-		"-- header\nCREATE TABLE a (x text DEFAULT 'a;b')",
-		"-- about b\nCREATE INDEX b ON a (x)\n    WHERE x <> ''",
-		"SELECT 1; -- a trailing comment keeps the statement open\nSELECT 2",
-	}, splitStatements(body))
-	require.Equal(t, []string{"SELECT 3"}, splitStatements("SELECT 3"), "the last statement needs no semicolon")
-}
-
 func TestGooseSplitsAlike(t *testing.T) {
 	t.Parallel()
 	for stmt, alike := range map[string]bool{
