@@ -30,6 +30,14 @@ var kafkaConfigs = []string{"retention.ms", "retention.bytes", "cleanup.policy",
 // horizon is then unknown (bounded by size).
 func Kafka(client sarama.Client, topic string) Source {
 	return SourceFunc(func(ctx context.Context) (Horizon, error) {
+		// The admin needs the controller, which a client that fetches
+		// metadata only for the topics it uses (Metadata.Full false) may
+		// not know yet: ask for this topic's metadata then.
+		if _, err := client.Controller(); err != nil {
+			if err := client.RefreshMetadata(topic); err != nil {
+				return Horizon{}, fmt.Errorf("horizon: topic %s: %w", topic, err)
+			}
+		}
 		// An admin made from a client only borrows it; closing the admin
 		// would close the caller's client, so it is left to the collector.
 		admin, err := sarama.NewClusterAdminFromClient(client)

@@ -106,11 +106,18 @@ func TestKafkaAdminErrors(t *testing.T) {
 // configs of their own, and one that does not exist.
 func TestKafkaBroker(t *testing.T) {
 	brokers := kafkatest.Start(t, 1, "seeded")
-	client, err := sarama.NewClient(brokers, kafkatest.Config())
+	// A client that fetches metadata only for the topics it uses, as
+	// consumers are often configured, knows no controller at first.
+	cfg := kafkatest.Config()
+	cfg.Metadata.Full = false
+	client, err := sarama.NewClient(brokers, cfg)
 	require.NoError(t, err)
 	defer client.Close()
-	admin, err := sarama.NewClusterAdminFromClient(client)
+	full, err := sarama.NewClient(brokers, kafkatest.Config())
 	require.NoError(t, err)
+	admin, err := sarama.NewClusterAdminFromClient(full)
+	require.NoError(t, err)
+	defer admin.Close()
 	create := func(name string, configs map[string]string) {
 		t.Helper()
 		entries := map[string]*string{}
