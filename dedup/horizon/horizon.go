@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/inboxmill/inboxmill/dedup"
@@ -211,19 +212,33 @@ func Compare(h Horizon, inboxRetention time.Duration) Report {
 }
 
 // FormatDuration writes d the way retention is thought of: whole days as
-// "7d", whole hours as "36h", whole minutes as "90m", anything else as
-// time.Duration does; "forever" for [Forever].
+// "7d", a day or more with a rest as "1d12h" or "3d4h5m", less than a day
+// as time.Duration does without zero units ("36m", "1.5s"); "forever" for
+// [Forever].
 func FormatDuration(d time.Duration) string {
 	const day = 24 * time.Hour
-	switch {
-	case d == Forever:
+	if d == Forever {
 		return "forever"
-	case d > 0 && d%day == 0:
-		return fmt.Sprintf("%dd", d/day)
-	case d > 0 && d%time.Hour == 0:
-		return fmt.Sprintf("%dh", d/time.Hour)
-	case d > 0 && d%time.Minute == 0:
-		return fmt.Sprintf("%dm", d/time.Minute)
 	}
-	return d.String()
+	if d <= 0 {
+		return d.String()
+	}
+	out := ""
+	if d >= day {
+		out = fmt.Sprintf("%dd", d/day)
+		d %= day
+		if d == 0 {
+			return out
+		}
+	}
+	rest := d.String()
+	// Drop zero units at the end: "4h0m0s" is "4h", "5m0s" is "5m".
+	for _, zero := range []string{"0s", "0m"} {
+		if r, ok := strings.CutSuffix(rest, zero); ok && r != "" && !strings.HasSuffix(r, ".") && isUnit(r[len(r)-1]) {
+			rest = r
+		}
+	}
+	return out + rest
 }
+
+func isUnit(c byte) bool { return c == 'h' || c == 'm' || c == 's' }

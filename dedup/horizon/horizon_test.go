@@ -34,9 +34,9 @@ func TestCompare(t *testing.T) {
 		{"equal", topic(7 * day), 7 * day, true,
 			"the inbox keeps records for 7d and topic orders keeps messages for 7d: every message that can come again is recognised", nil},
 		{"inbox outlives", topic(36 * time.Hour), 7 * day, true,
-			"the inbox keeps records for 7d and topic orders keeps messages for 36h: every message that can come again is recognised", nil},
+			"the inbox keeps records for 7d and topic orders keeps messages for 1d12h: every message that can come again is recognised", nil},
 		{"one millisecond short", topic(7 * day), 7*day - time.Millisecond, false,
-			"the inbox keeps records for 167h59m59.999s but topic orders keeps messages for 7d: messages older than 167h59m59.999s would run again",
+			"the inbox keeps records for 6d23h59m59.999s but topic orders keeps messages for 7d: messages older than 6d23h59m59.999s would run again",
 			horizon.ErrHorizonExceeded},
 		{"topic forever", topic(horizon.Forever), 7 * day, false,
 			"the inbox keeps records for 7d but topic orders keeps messages forever: messages older than 7d would run again",
@@ -127,12 +127,19 @@ func TestRequire(t *testing.T) {
 
 func TestFormatDuration(t *testing.T) {
 	for d, want := range map[time.Duration]string{
-		7 * day:                 "7d",
-		36 * time.Hour:          "36h",
-		90 * time.Minute:        "90m",
-		1500 * time.Millisecond: "1.5s",
-		0:                       "0s",
-		horizon.Forever:         "forever",
+		7 * day:                             "7d",
+		36 * time.Hour:                      "1d12h",
+		3*day + 4*time.Hour + 5*time.Minute: "3d4h5m",
+		day + 30*time.Second:                "1d30s",
+		day + 10*time.Minute:                "1d10m",
+		4 * time.Hour:                       "4h",
+		90 * time.Minute:                    "1h30m",
+		time.Minute:                         "1m",
+		1500 * time.Millisecond:             "1.5s",
+		10 * time.Second:                    "10s",
+		7*day - time.Millisecond:            "6d23h59m59.999s",
+		0:                                   "0s",
+		horizon.Forever:                     "forever",
 	} {
 		require.Equal(t, want, horizon.FormatDuration(d), d)
 	}

@@ -78,7 +78,7 @@ func (q SQLQueue) Horizon(ctx context.Context) (Horizon, error) {
 	h.Oldest = oldest
 	seen := "the table is empty"
 	if oldest >= 0 {
-		seen = "the oldest row is " + FormatDuration(oldest.Round(time.Second)) + " old"
+		seen = "the oldest row is " + FormatDuration(oldest.Round(time.Minute)) + " old"
 	}
 	switch {
 	case q.DeleteOnAck:
