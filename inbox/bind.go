@@ -149,7 +149,7 @@ type queries struct {
 	unlockMigrations                                                       stmt
 
 	listRecords, selectKeys, countByOperation, oldestPending, oldestExpiredLease stmt
-	countPurgeable, selectForUpdate, resolve, forget                             stmt
+	countPurgeable, oldestCreated, selectForUpdate, resolve, forget              stmt
 	insertAudit, updateAuditCount, listAudit                                     stmt
 }
 
@@ -198,6 +198,7 @@ func loadQueries(q Queries) (queries, error) {
 	get(&out.oldestPending, "OldestPending", q.OldestPending())
 	get(&out.oldestExpiredLease, "OldestExpiredLease", q.OldestExpiredLease())
 	get(&out.countPurgeable, "CountPurgeable", q.CountPurgeable())
+	get(&out.oldestCreated, "OldestCreated", q.OldestCreated())
 	get(&out.selectForUpdate, "SelectForUpdate", q.SelectForUpdate())
 	get(&out.resolve, "Resolve", q.Resolve())
 	get(&out.forget, "Forget", q.Forget())

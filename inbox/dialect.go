@@ -275,6 +275,12 @@ type Queries interface {
 	// CountPurgeable counts the finished records whose expires_at is
 	// before ArgBefore: what a purge then deletes. Args: before.
 	CountPurgeable() Query
+	// OldestCreated returns the smallest created_at of the records of
+	// operation ArgOperation ("" for every operation); NULL when there is
+	// none. It may read the whole table (created_at has no index): it runs
+	// once per operator request, such as a replay's dry run. Args:
+	// operation, operation.
+	OldestCreated() Query
 	// SelectForUpdate reads one record inside a transaction and keeps
 	// other writers off it until the transaction ends (a row lock; SQLite,
 	// which has one writer at a time, reads plainly). Args: the ID.

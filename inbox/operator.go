@@ -247,6 +247,27 @@ func (s *Store) Overview(ctx context.Context) (Overview, error) {
 	return o, nil
 }
 
+// OldestCreated returns when the oldest record of operation was created
+// (first claimed), or the zero time when the operation has no record;
+// operation "" looks at every operation. A message published before that
+// time has no record older than it to be recognised by: a replay that
+// reaches back that far relies on records that were purged, forgotten or
+// never written. The statement reads the whole table (created_at has no
+// index), for an operator's occasional question such as a replay's dry
+// run, not for a tight loop. An operation that is not storable text is
+// [ErrInvalidKey].
+func (s *Store) OldestCreated(ctx context.Context, operation string) (time.Time, error) {
+	if err := CheckText(operation, MaxOperationLen); err != nil {
+		return time.Time{}, fmt.Errorf("inbox: oldest created: %w: operation %w", ErrInvalidKey, err)
+	}
+	var t time.Time
+	p := &params{id: ID{Operation: operation}}
+	if err := s.queryRow(ctx, s.db, s.q.oldestCreated, p).Scan(timeCol{&t}); err != nil {
+		return time.Time{}, fmt.Errorf("inbox: oldest created: %w", s.Classify(err))
+	}
+	return t, nil
+}
+
 // optionalRecord runs a statement that returns one record or none.
 func (s *Store) optionalRecord(ctx context.Context, st stmt, p *params) (*Record, error) {
 	rec, err := scanRecord(s.queryRow(ctx, s.db, st, p))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/horizon"
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
@@ -57,7 +59,16 @@ func (a *app) dryRun(ctx context.Context, o options) error {
 		return fmt.Errorf("connect to Kafka at %s: %w", strings.Join(o.brokers, ","), err)
 	}
 	defer client.Close()
+	if err := checkHorizon(ctx, horizon.Kafka(client, o.topic), o, stderr); err != nil {
+		return err
+	}
 	ranges, err := plan(client, o)
+	if err != nil {
+		return err
+	}
+	// Messages published before the operation's oldest record have no
+	// record older than them: read once, before the range.
+	oldest, err := store.OldestCreated(ctx, o.operation)
 	if err != nil {
 		return err
 	}
@@ -101,6 +112,7 @@ func (a *app) dryRun(ctx context.Context, o options) error {
 
 	var (
 		report   dedup.DryRunReport
+		older    int64 // published before the oldest record
 		shown    int
 		warnings []string
 		start    = time.Now()
@@ -133,6 +145,9 @@ func (a *app) dryRun(ctx context.Context, o options) error {
 			case it.warning != "":
 				warnings = append(warnings, it.warning)
 			default:
+				if oldest.IsZero() || (!it.published.IsZero() && it.published.Before(oldest)) {
+					older++
+				}
 				class := report.Add(it.res)
 				if class != dedup.DryRunDuplicate && shown < o.show {
 					shown++
@@ -163,11 +178,37 @@ func (a *app) dryRun(ctx context.Context, o options) error {
 	for _, h := range hints {
 		fmt.Fprintln(stderr, "hint:", h)
 	}
+	if oldest.IsZero() {
+		fmt.Fprintf(stdout, "  older than every record: %d messages (operation %q has no records)\n", older, o.operation)
+	} else {
+		fmt.Fprintf(stdout, "  older than every record: %d messages, published before the oldest record of operation %q "+
+			"was created (%s)\n", older, o.operation, oldest.UTC().Format(time.RFC3339))
+	}
 	fmt.Fprintf(stdout, "a replay would run the handler for %d messages (%d new, %d older than the retention window), "+
 		"ack %d duplicates without running it, and refuse %d (%d conflicting, %d invalid)\n",
 		report.WouldExecute(), report.New, report.Expired, report.Duplicate, report.Conflict+report.Invalid,
 		report.Conflict, report.Invalid)
 	fmt.Fprintln(stdout, report.String())
+	return nil
+}
+
+// checkHorizon compares the topic's retention with --retention before
+// anything is read: a warning on stderr when the inbox forgets sooner
+// than the topic (or the retention cannot be read), an error with
+// --strict-horizon.
+func checkHorizon(ctx context.Context, src horizon.Source, o options, stderr io.Writer) error {
+	rep, err := horizon.Check(ctx, src, o.retention)
+	switch {
+	case err != nil && o.strictHorizon:
+		return fmt.Errorf("--strict-horizon: cannot compare --retention with the retention of topic %s: %w", o.topic, err)
+	case err != nil:
+		fmt.Fprintf(stderr, "warning: cannot compare --retention with the retention of topic %s, so a replay may run "+
+			"messages whose records were purged: %v\n", o.topic, err)
+	case !rep.Safe && o.strictHorizon:
+		return rep.Err()
+	case !rep.Safe:
+		fmt.Fprintln(stderr, "warning:", rep.Message)
+	}
 	return nil
 }
 

@@ -37,6 +37,15 @@ The last line on standard output is the summary:
 
   messages=20000 new=0 duplicate=19998 conflict=1 invalid=1 expired=0
 
+Before reading, the topic's retention (retention.ms, through the admin
+API) is compared with --retention: when the inbox forgets sooner than the
+topic, messages older than --retention would run again, and a warning
+says so on standard error; --strict-horizon refuses instead (exit 1).
+The report also counts the messages of the range published before the
+oldest record of the operation was created: no record is that old, so
+nothing in the inbox remembers them (they were purged, forgotten, or
+never processed).
+
 Within the range, the first message of a key that would run claims it: its
 later messages count as duplicates (or conflicts), as in the replay.
 Progress goes to standard error every --progress-every messages and every
@@ -58,6 +67,7 @@ type options struct {
 	ignoreFields         []string
 	rawFingerprint       bool
 	retention            time.Duration
+	strictHorizon        bool
 
 	kafkaVersion     sarama.KafkaVersion
 	concurrency      int
@@ -90,6 +100,8 @@ func (f *replayFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.ignore, "ignore-fields", "", "dotted JSON paths left out of the fingerprint, comma-separated, as dedup.Config.IgnoreFields")
 	fs.BoolVar(&o.rawFingerprint, "raw-fingerprint", false, "fingerprint the raw payload, as dedup.RawFingerprint")
 	fs.StringVar(&f.retention, "retention", "168h", "the retention window, as dedup.Config.Retention: a duration (7d works) or -1 for forever")
+	fs.BoolVar(&o.strictHorizon, "strict-horizon", false, "refuse (exit 1) when --retention is shorter than the topic's retention, "+
+		"or when the topic's retention cannot be read")
 	fs.StringVar(&f.version, "kafka-version", sarama.V2_8_0_0.String(), "Kafka protocol version to speak")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "partitions read (and looked up) at once")
 	fs.DurationVar(&o.idle, "idle", 30*time.Second, "stop reading a partition after this long without a message")

@@ -3,17 +3,20 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/horizon"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
 	"github.com/inboxmill/inboxmill/internal/testdb"
@@ -372,4 +375,143 @@ func TestParseFlagValues(t *testing.T) {
 	got, err = parseSince("2030-04-01T00:00:00Z", now)
 	require.NoError(t, err)
 	require.Equal(t, time.Date(2030, 4, 1, 0, 0, 0, 0, time.UTC), got)
+}
+
+// setTopicConfig sets configs of the test topic, as an operator would
+// with kafka-configs --alter.
+func (b *replayBundle) setTopicConfig(t *testing.T, configs map[string]string) {
+	t.Helper()
+	client, err := sarama.NewClient(b.brokers, kafkatest.Config())
+	require.NoError(t, err)
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	require.NoError(t, err)
+	entries := map[string]*string{}
+	for k, v := range configs {
+		entries[k] = &v
+	}
+	require.NoError(t, admin.AlterConfig(sarama.TopicResource, topic, entries, false))
+}
+
+// TestReplayHorizon: the topic's retention is compared with --retention
+// before anything is read.
+func TestReplayHorizon(t *testing.T) {
+	t.Parallel()
+	b := replaySetup(t, testdb.SQLite)
+	const want = "messages=53 new=0 duplicate=50 conflict=1 invalid=2 expired=0"
+
+	// The broker's default, 7 days, and --retention's, 7 days: no warning.
+	code, stdout, stderr := replay(t, b.base...)
+	require.Equal(t, 0, code, stderr)
+	require.NotContains(t, stderr, "warning:")
+	require.True(t, strings.HasSuffix(stdout, want+"\n"), stdout)
+
+	b.setTopicConfig(t, map[string]string{"retention.ms": fmt.Sprint((30 * 24 * time.Hour).Milliseconds())})
+	const loud = "the inbox keeps records for 7d but topic orders keeps messages for 30d: messages older than 7d would run again"
+	code, stdout, stderr = replay(t, b.base...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "warning: "+loud+"\n")
+	require.True(t, strings.HasSuffix(stdout, want+"\n"), "the warning changes nothing of the report: %s", stdout)
+
+	// Strict: refused before anything is read.
+	code, stdout, stderr = replay(t, append(b.base, "--strict-horizon")...)
+	require.Equal(t, 1, code, stderr)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "inboxmill replay: "+loud+"\n")
+
+	// A retention as long as the topic's, or forever, is safe.
+	for _, r := range []string{"30d", "31d", "-1"} {
+		code, stdout, stderr = replay(t, append(b.base, "--strict-horizon", "--retention", r)...)
+		require.Equal(t, 0, code, "--retention %s: %s", r, stderr)
+		require.NotContains(t, stderr, "warning:")
+		require.Contains(t, stdout, "messages=53 ")
+	}
+	code, _, stderr = replay(t, append(b.base, "--strict-horizon", "--retention", "29d")...)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "the inbox keeps records for 29d but topic orders keeps messages for 30d")
+
+	b.setTopicConfig(t, map[string]string{"retention.ms": "-1"})
+	code, _, stderr = replay(t, b.base...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "warning: the inbox keeps records for 7d but topic orders keeps messages forever: "+
+		"messages older than 7d would run again\n")
+	code, _, stderr = replay(t, append(b.base, "--strict-horizon", "--retention", "forever")...)
+	require.Equal(t, 0, code, stderr)
+}
+
+// TestCheckHorizonUnreadable: a retention that cannot be read is a
+// warning, and a refusal under --strict-horizon.
+func TestCheckHorizonUnreadable(t *testing.T) {
+	denied := horizon.SourceFunc(func(context.Context) (horizon.Horizon, error) {
+		return horizon.Horizon{}, errors.New("topic authorization failed")
+	})
+	o := options{topic: "orders", retention: 7 * 24 * time.Hour}
+	var stderr strings.Builder
+	require.NoError(t, checkHorizon(context.Background(), denied, o, &stderr))
+	require.Equal(t, "warning: cannot compare --retention with the retention of topic orders, so a replay may run "+
+		"messages whose records were purged: topic authorization failed\n", stderr.String())
+
+	o.strictHorizon = true
+	stderr.Reset()
+	err := checkHorizon(context.Background(), denied, o, &stderr)
+	require.ErrorContains(t, err, "--strict-horizon: cannot compare --retention with the retention of topic orders: "+
+		"topic authorization failed")
+	require.Empty(t, stderr.String())
+
+	bySize := horizon.Fixed(horizon.Horizon{Name: "topic orders", Age: horizon.Forever, BySize: true})
+	require.ErrorIs(t, checkHorizon(context.Background(), bySize, o, &stderr), horizon.ErrHorizonUnknown)
+}
+
+// TestReplayOlderThanEveryRecord: the report counts the messages published
+// before the operation's oldest record was created.
+func TestReplayOlderThanEveryRecord(t *testing.T) {
+	t.Parallel()
+	b := replaySetup(t, testdb.SQLite)
+	line := func(stdout string) string {
+		t.Helper()
+		for _, l := range strings.Split(stdout, "\n") {
+			if strings.HasPrefix(l, "  older than every record: ") {
+				return l
+			}
+		}
+		t.Fatalf("no line about records in:\n%s", stdout)
+		return ""
+	}
+	// Records are written when messages are consumed, after they were
+	// published: every message of the range is older than the records a
+	// consumer that just caught up wrote.
+	code, stdout, stderr := replay(t, b.base...)
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `^  older than every record: 53 messages, published before the oldest record of operation "ship_order" `+
+		`was created \(\S+Z\)$`, line(stdout))
+
+	// As after a purge: the oldest record left was created half an hour
+	// after events 0-19 (and the retries of 0-9) were published ten days
+	// ago.
+	oldest := time.Now().Add(-240*time.Hour + 30*time.Minute).Truncate(time.Second)
+	_, err := b.db.Exec(fmt.Sprintf(`UPDATE %s SET created_at = ? WHERE "key" = ?`, b.store.Table()),
+		testdb.Dialect(testdb.SQLite).TimeArg(oldest), eventID(15))
+	require.NoError(t, err)
+	code, stdout, stderr = replay(t, b.base...)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, `  older than every record: 30 messages, published before the oldest record of operation "ship_order" `+
+		`was created (`+oldest.UTC().Format(time.RFC3339)+`)`, line(stdout))
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	require.Equal(t, "messages=53 new=0 duplicate=50 conflict=1 invalid=2 expired=0", lines[len(lines)-1])
+	require.Equal(t, line(stdout), lines[len(lines)-3], "the line comes before the sentence and the summary")
+
+	code, stdout, _ = replay(t, append(b.base, "--since", "1h")...)
+	require.Equal(t, 0, code)
+	require.Contains(t, line(stdout), "older than every record: 0 messages,")
+
+	// Another operation has no records at all.
+	args := append([]string{}, b.base...)
+	for i := range args {
+		if args[i] == "--operation" {
+			args[i+1] = "refund_order"
+		}
+	}
+	code, stdout, _ = replay(t, args...)
+	require.Equal(t, 0, code)
+	require.Equal(t, `  older than every record: 53 messages (operation "refund_order" has no records)`, line(stdout))
 }

@@ -702,6 +702,59 @@ func runOperator(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("OldestCreated", func(t *testing.T) {
+		t.Parallel()
+		clk := newFixedClock()
+		b := setupWith(t, h, onClock(clk))
+		oldest := func(op string) time.Time {
+			t.Helper()
+			at, err := b.store.OldestCreated(b.ctx, op)
+			require.NoError(t, err)
+			return at
+		}
+		require.True(t, oldest("").IsZero(), "an empty table has no oldest record")
+		require.True(t, oldest("a").IsZero())
+
+		claim := func(op, key string, status inbox.Status) time.Time {
+			t.Helper()
+			at := usec(clk.Now())
+			_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id(op, key), PayloadHash: hash("x"),
+				Status: status, Retention: time.Minute})
+			require.NoError(t, err)
+			clk.Advance(time.Second)
+			return at
+		}
+		firstB := claim("b", "1", inbox.StatusCompleted)
+		firstA := claim("a", "1", inbox.StatusCompleted)
+		secondA := usec(clk.Now())
+		b.reserve(t, id("a", "2"), "w1", time.Minute, time.Minute)
+		clk.Advance(time.Second)
+		secondB := usec(clk.Now())
+		b.pending(t, id("b", "2"), time.Minute)
+		clk.Advance(time.Second)
+
+		require.WithinDuration(t, firstA, oldest("a"), 0)
+		require.WithinDuration(t, firstB, oldest("b"), 0)
+		require.WithinDuration(t, firstB, oldest(""), 0, "\"\" looks at every operation")
+		require.True(t, oldest("c").IsZero(), "an operation without records")
+		require.Equal(t, time.UTC, oldest("a").Location())
+
+		// A later claim does not move the oldest.
+		claim("a", "3", inbox.StatusCompleted)
+		require.WithinDuration(t, firstA, oldest("a"), 0)
+
+		// Once the oldest records are purged, the oldest is a later one.
+		clk.Advance(time.Hour)
+		_, err := b.store.Purge(b.ctx, inbox.PurgeParams{})
+		require.NoError(t, err)
+		require.WithinDuration(t, secondB, oldest("b"), 0, "the pending record is kept, the completed one purged")
+		require.WithinDuration(t, secondA, oldest("a"), 0, "the processing record is kept, the completed ones purged")
+		require.WithinDuration(t, secondA, oldest(""), 0)
+
+		_, err = b.store.OldestCreated(b.ctx, "a\x00")
+		require.ErrorIs(t, err, inbox.ErrInvalidKey)
+	})
+
 	t.Run("Overview", func(t *testing.T) {
 		t.Parallel()
 		clk := newFixedClock()

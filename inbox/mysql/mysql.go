@@ -290,6 +290,10 @@ func (q queries) OldestExpiredLease() inbox.Query {
 		"WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < ?) ORDER BY created_at LIMIT 1", inbox.ArgNow)
 }
 
+func (q queries) OldestCreated() inbox.Query {
+	return q.q("SELECT MIN(created_at) FROM `{{table}}` WHERE ? = '' OR operation = ?", inbox.ArgOperation, inbox.ArgOperation)
+}
+
 func (q queries) CountPurgeable() inbox.Query {
 	return q.q("SELECT COUNT(*) FROM `{{table}}` WHERE expires_at < ? AND status IN "+inbox.FinishedStatuses,
 		inbox.ArgBefore)

@@ -274,6 +274,10 @@ func (q queries) OldestExpiredLease() inbox.Query {
 WHERE status = 'processing' AND (lease_until IS NULL OR lease_until < $1) ORDER BY created_at LIMIT 1`, inbox.ArgNow)
 }
 
+func (q queries) OldestCreated() inbox.Query {
+	return q.q(`SELECT min(created_at) FROM "{{table}}" WHERE $1::text = '' OR operation = $2::text`, inbox.ArgOperation, inbox.ArgOperation)
+}
+
 func (q queries) CountPurgeable() inbox.Query {
 	return q.q(`SELECT count(*) FROM "{{table}}" WHERE expires_at < $1 AND status IN `+inbox.FinishedStatuses,
 		inbox.ArgBefore)

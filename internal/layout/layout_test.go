@@ -171,3 +171,34 @@ func TestQuickstartCompilesNoServerDriver(t *testing.T) {
 		}
 	}
 }
+
+// TestHorizonStaysSmall keeps package dedup/horizon a check with no
+// transport of its own: it reads Kafka through sarama's admin API and a
+// SQL queue through database/sql, imports neither watermill-sql,
+// watermill-kafka nor a driver, and is the only library package that
+// imports sarama, so that a program that does not check a Kafka topic
+// does not link the Kafka client.
+func TestHorizonStaysSmall(t *testing.T) {
+	allowed := []string{module + "/dedup", "github.com/IBM/sarama"}
+	for _, p := range list(t, "./dedup/horizon") {
+		for _, imp := range p.Imports {
+			if !strings.Contains(strings.SplitN(imp, "/", 2)[0], ".") {
+				continue // the standard library
+			}
+			if !slices.Contains(allowed, imp) {
+				t.Errorf("dedup/horizon imports %s; it may import only %v and the standard library", imp, allowed)
+			}
+		}
+	}
+	for _, p := range list(t, "./...") {
+		r := rel(p.ImportPath)
+		if floor(p.ImportPath) < 0 || r == "dedup/horizon" || strings.HasPrefix(r, "cmd/") {
+			continue
+		}
+		for _, imp := range p.Imports {
+			if imp == "github.com/IBM/sarama" || strings.HasPrefix(imp, "github.com/ThreeDotsLabs/watermill-kafka") {
+				t.Errorf("%s imports %s; among library packages only dedup/horizon reads Kafka", r, imp)
+			}
+		}
+	}
+}
