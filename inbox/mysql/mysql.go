@@ -14,6 +14,7 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
+	"strconv"
 	"time"
 
 	driver "github.com/go-sql-driver/mysql"
@@ -184,6 +185,15 @@ func (q queries) Delete() inbox.Query { return q.q("DELETE FROM `{{table}}`"+whe
 func (q queries) Clock() inbox.Query {
 	// UTC_TIMESTAMP, not NOW(): immune to the session's time zone.
 	return q.q("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))")
+}
+
+func (q queries) ResultLimit() inbox.Query {
+	// max_allowed_packet bounds one packet. Bound as a parameter of a
+	// server-side prepared statement (the driver's default) the result is
+	// sent on its own, but with interpolateParams=true the driver writes
+	// it into the statement's text escaped, up to twice its size: half the
+	// packet, less a margin for the rest of the statement.
+	return q.q("SELECT CAST(@@max_allowed_packet AS SIGNED) DIV 2 - " + strconv.Itoa(inbox.ResultMargin))
 }
 
 func (q queries) Savepoint() inbox.Query        { return q.q("SAVEPOINT inboxmill_attempt") }

@@ -186,6 +186,13 @@ func (q queries) Clock() inbox.Query {
 	return q.q(`SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`)
 }
 
+func (q queries) ResultLimit() inbox.Query {
+	// A bytea value is at most 1 GiB, and a driver that binds it as text
+	// (lib/pq) sends it hex-encoded, twice its size plus "\\x", as the
+	// server sends it back to such a driver: half of 1 GiB, less a margin.
+	return q.q(`SELECT CAST(536870912 - ` + strconv.Itoa(inbox.ResultMargin) + ` AS bigint)`)
+}
+
 func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
 func (q queries) ReleaseSavepoint() inbox.Query { return q.q(`RELEASE SAVEPOINT inboxmill_attempt`) }
 func (q queries) RollbackToSavepoint() inbox.Query {

@@ -16,6 +16,7 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
+	"strconv"
 	"time"
 
 	"github.com/inboxmill/inboxmill/inbox"
@@ -170,6 +171,13 @@ func (q queries) Delete() inbox.Query { return q.q(`DELETE FROM "{{table}}"`+whe
 // Clock is never used (Capabilities.SharedClock) but answers correctly.
 func (q queries) Clock() inbox.Query {
 	return q.q(`SELECT CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)`)
+}
+
+func (q queries) ResultLimit() inbox.Query {
+	// SQLITE_MAX_LENGTH (1e9 bytes in the default build, which modernc.org/sqlite
+	// keeps) bounds a value and a whole row; SQL cannot read the
+	// connection's limit, so this is the build's default, less a margin.
+	return q.q(`SELECT 1000000000 - ` + strconv.Itoa(inbox.ResultMargin))
 }
 
 func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
