@@ -155,7 +155,7 @@ func (s *Store) SaveOutput(ctx context.Context, q DBTX, rec *Record, result []by
 	if rec.Status != StatusCompleted {
 		return fmt.Errorf("%w: output is stored with a completed record, not a %s one", ErrIllegalTransition, rec.Status)
 	}
-	if tooLarge := s.checkResult(ctx, q, result); tooLarge != nil {
+	if tooLarge := s.CheckResult(ctx, q, result); tooLarge != nil {
 		return fmt.Errorf("inbox: save output: %w", tooLarge)
 	}
 	err := s.finish(ctx, q, "save output", rec.ID, &params{

@@ -291,7 +291,7 @@ func (l *Lease) transition(ctx context.Context, what string, to Status, p *param
 	// A result over the database's limit is dropped up front: MySQL
 	// would close the connection over it, twice, before the fallback
 	// below gave it up.
-	l.dropped = storableOutcome(p, s.checkResult(ctx, s.db, p.result))
+	l.dropped = storableOutcome(p, s.CheckResult(ctx, s.db, p.result))
 	err := s.finish(ctx, s.db, what, l.rec.ID, p)
 	if IsRetryable(err) {
 		// A lost connection, a deadlock, a Galera certification conflict:

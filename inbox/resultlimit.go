@@ -105,14 +105,37 @@ func (c *resultLimit) failedLarge(size int) {
 	}
 }
 
-// checkResult returns ErrResultTooLarge, wrapped with the sizes, when
-// result is larger than the store's limit. A result of at most
-// FallbackResultLimit bytes is taken as storable without reading the
-// database's limit (MySQL's max_allowed_packet can be set lower than 1
-// MiB, but then only the write's own failure tells). When the limit could
-// not be read, the check is made against the fallback, and the error says
-// so.
-func (s *Store) checkResult(ctx context.Context, q DBTX, result []byte) error {
+// ResultTooLargeError is a result refused by [Store.CheckResult]; it
+// satisfies errors.Is(err, ErrResultTooLarge).
+type ResultTooLargeError struct {
+	// Size is the result's size and Limit the store's, in bytes.
+	Size, Limit int
+	// ReadErr is why the database's limit could not be read, when Limit
+	// is the fallback ([Store.ResultLimit]); nil otherwise.
+	ReadErr error
+}
+
+func (e *ResultTooLargeError) Error() string {
+	if e.ReadErr != nil {
+		return fmt.Sprintf("%v: %d bytes, over the fallback limit of %d bytes (%v)", ErrResultTooLarge, e.Size, e.Limit, e.ReadErr)
+	}
+	return fmt.Sprintf("%v: %d bytes, over the limit of %d bytes", ErrResultTooLarge, e.Size, e.Limit)
+}
+
+// Is reports whether target is ErrResultTooLarge.
+func (e *ResultTooLargeError) Is(target error) bool { return target == ErrResultTooLarge }
+
+// Unwrap returns ReadErr.
+func (e *ResultTooLargeError) Unwrap() error { return e.ReadErr }
+
+// CheckResult returns a *[ResultTooLargeError] when result is larger than
+// [Store.ResultLimit], reading the limit through q when needed, and nil
+// when the store writes it. A result of at most FallbackResultLimit bytes
+// (and Config.MaxResult) passes without a read: MySQL's max_allowed_packet
+// can be set lower than 1 MiB, but then only the write's own failure
+// tells. [Store.SaveOutput] and a [Lease]'s transitions check their result
+// with it; a caller checks first to know the result will be dropped.
+func (s *Store) CheckResult(ctx context.Context, q DBTX, result []byte) error {
 	if len(result) <= s.limit.capped(0) {
 		// The common small result costs no read.
 		return nil
@@ -121,8 +144,5 @@ func (s *Store) checkResult(ctx context.Context, q DBTX, result []byte) error {
 	if len(result) <= limit {
 		return nil
 	}
-	if readErr != nil {
-		return fmt.Errorf("%w: %d bytes, the fallback limit is %d (%w)", ErrResultTooLarge, len(result), limit, readErr)
-	}
-	return fmt.Errorf("%w: %d bytes, the limit is %d", ErrResultTooLarge, len(result), limit)
+	return &ResultTooLargeError{Size: len(result), Limit: limit, ReadErr: readErr}
 }

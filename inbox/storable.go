@@ -39,7 +39,7 @@ func StorableText(s string, max int) string {
 // resource ID that is not storable text within its limit is an identifier
 // that must not be changed into another one, so it is dropped, and the
 // error says so. A result refused by the store's limit (tooLarge, from
-// checkResult) is dropped too. It returns what was dropped ("" when
+// CheckResult) is dropped too. It returns what was dropped ("" when
 // nothing was).
 func storableOutcome(p *params, tooLarge error) string {
 	var dropped []string

@@ -1,0 +1,42 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/inboxtest"
+	"github.com/inboxmill/inboxmill/internal/testdb"
+)
+
+// TestResultLimitWithInterpolatedParams: with interpolateParams=true the
+// MySQL driver writes a result into the statement's text, escaped — a NUL
+// byte becomes two — so the limit must hold for a result of NUL bytes
+// twice its size: it does, at exactly the limit.
+func TestResultLimitWithInterpolatedParams(t *testing.T) {
+	testdb.Open(t, testdb.MySQL) // skips (or fails under CI) when the server is unreachable
+	db, err := sql.Open("mysql", testdb.MySQLDSN()+"&interpolateParams=true")
+	require.NoError(t, err)
+	defer db.Close()
+	db.SetMaxOpenConns(2)
+	store := inboxtest.NewStore(t, db, testdb.Dialect(testdb.MySQL), inbox.Config{})
+	ctx := context.Background()
+	limit, err := store.ResultLimit(ctx, db)
+	require.NoError(t, err)
+
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	id := inbox.ID{Operation: "big", Key: "interpolated"}
+	res, err := store.Claim(ctx, tx, inbox.ClaimParams{ID: id, PayloadHash: []byte("p"),
+		CorrelationID: "corr"})
+	require.NoError(t, err)
+	require.NoError(t, store.SaveOutput(ctx, tx, res.Record, make([]byte, limit)))
+	require.NoError(t, tx.Commit())
+	rec, err := store.Get(ctx, db, id)
+	require.NoError(t, err)
+	require.Len(t, rec.Result, limit)
+}
