@@ -43,14 +43,16 @@ type resultLimit struct {
 	n      int       // 0: never read
 	read   time.Time // when n was read (local clock)
 	failed time.Time // when a read last failed
+	err    error     // why it failed
 	stale  bool      // a large write failed: read again before the next
 	max    int       // Config.MaxResult; 0 for none
 }
 
 // ResultLimit returns the size in bytes of the largest result the store
-// writes: the database's limit (Queries.ResultLimit, e.g. MySQL's
-// max_allowed_packet less [ResultMargin]), lowered to Config.MaxResult
-// when that is set. A larger result is refused before it reaches the
+// writes: the database's limit (Queries.ResultLimit: half of MySQL's
+// max_allowed_packet, half of PostgreSQL's 1 GiB for a value, SQLite's
+// 1e9 bytes, each less [ResultMargin]), lowered to Config.MaxResult when
+// that is set. A larger result is refused before it reaches the
 // database: [Store.SaveOutput] returns [ErrResultTooLarge], and a
 // [Lease]'s Complete records the outcome without it ([Lease.Dropped]).
 //
@@ -59,26 +61,32 @@ type resultLimit struct {
 // every ten minutes, and after a large result failed to be written. When
 // the read fails, ResultLimit returns the last limit read or, if none
 // was, [FallbackResultLimit], together with the error, which the caller
-// may log; a failed read is not tried again for a second.
+// may log; a failed read is not tried again for a second, and meanwhile
+// the same answer is given.
 func (s *Store) ResultLimit(ctx context.Context, q DBTX) (int, error) {
 	c := &s.limit
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
-	fresh := c.n > 0 && !c.stale && now.Sub(c.read) < resultLimitRefresh
-	if fresh || (!c.failed.IsZero() && now.Sub(c.failed) < resultLimitRetry) {
+	if c.n > 0 && !c.stale && now.Sub(c.read) < resultLimitRefresh {
 		return c.capped(c.n), nil
 	}
+	if !c.failed.IsZero() && now.Sub(c.failed) < resultLimitRetry {
+		return c.capped(c.n), c.err
+	}
 	var n int64
-	if err := s.queryRow(ctx, q, s.q.resultLimit, &params{}).Scan(&n); err != nil {
-		c.failed = now
-		return c.capped(c.n), fmt.Errorf("inbox: read the result limit: %w", s.Classify(err))
+	err := s.queryRow(ctx, q, s.q.resultLimit, &params{}).Scan(&n)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("inbox: read the result limit: %w", s.Classify(err))
+	case n <= 0:
+		err = fmt.Errorf("inbox: read the result limit: the database reports %d bytes", n)
 	}
-	if n <= 0 {
-		c.failed = now
-		return c.capped(c.n), fmt.Errorf("inbox: read the result limit: the database reports %d", n)
+	if err != nil {
+		c.failed, c.err = now, err
+		return c.capped(c.n), err
 	}
-	c.n, c.read, c.failed, c.stale = int(n), now, time.Time{}, false
+	c.n, c.read, c.failed, c.err, c.stale = int(n), now, time.Time{}, nil, false
 	return c.capped(c.n), nil
 }
 

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"database/sql"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -39,4 +40,31 @@ func TestResultLimitWithInterpolatedParams(t *testing.T) {
 	rec, err := store.Get(ctx, db, id)
 	require.NoError(t, err)
 	require.Len(t, rec.Result, limit)
+}
+
+// TestResultLimitFallsBackWhenUnreadable: a database that does not answer
+// yields FallbackResultLimit with the error, and a result over it is
+// refused with the reason.
+func TestResultLimitFallsBackWhenUnreadable(t *testing.T) {
+	t.Parallel()
+	db := testdb.OpenSQLite(t, filepath.Join(t.TempDir(), "inbox.db"))
+	store := inboxtest.NewStore(t, db, testdb.Dialect(testdb.SQLite), inbox.Config{})
+	ctx := context.Background()
+	require.NoError(t, db.Close())
+
+	limit, err := store.ResultLimit(ctx, db)
+	require.Error(t, err)
+	require.Equal(t, inbox.FallbackResultLimit, limit)
+	again, err2 := store.ResultLimit(ctx, db)
+	require.Equal(t, inbox.FallbackResultLimit, again)
+	require.Equal(t, err, err2, "not read again at once")
+
+	require.NoError(t, store.CheckResult(ctx, db, make([]byte, inbox.FallbackResultLimit)), "no read needed")
+	cerr := store.CheckResult(ctx, db, make([]byte, inbox.FallbackResultLimit+1))
+	require.ErrorIs(t, cerr, inbox.ErrResultTooLarge)
+	var tl *inbox.ResultTooLargeError
+	require.ErrorAs(t, cerr, &tl)
+	require.Equal(t, inbox.FallbackResultLimit+1, tl.Size)
+	require.Equal(t, err, tl.ReadErr)
+	require.Contains(t, cerr.Error(), "fallback")
 }
