@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,13 @@ func TestResultLimitFallsBackWhenUnreadable(t *testing.T) {
 	require.Equal(t, inbox.FallbackResultLimit+1, tl.Size)
 	require.Equal(t, err, tl.ReadErr)
 	require.Contains(t, cerr.Error(), "fallback")
+}
+
+// TestDialectsKeepTheResultMargin: the dialects write the margin into their
+// SQL as a literal; it must be ResultMargin.
+func TestDialectsKeepTheResultMargin(t *testing.T) {
+	for _, d := range []testdb.Kind{testdb.SQLite, testdb.PostgresPQ, testdb.MySQL} {
+		sql := testdb.Dialect(d).Queries("inbox").ResultLimit().SQL
+		require.Contains(t, sql, "- "+strconv.Itoa(inbox.ResultMargin), d)
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
-	"strconv"
 	"time"
 
 	driver "github.com/go-sql-driver/mysql"
@@ -192,8 +191,8 @@ func (q queries) ResultLimit() inbox.Query {
 	// server-side prepared statement (the driver's default) the result is
 	// sent on its own, but with interpolateParams=true the driver writes
 	// it into the statement's text escaped, up to twice its size: half the
-	// packet, less a margin for the rest of the statement.
-	return q.q("SELECT CAST(@@max_allowed_packet AS SIGNED) DIV 2 - " + strconv.Itoa(inbox.ResultMargin))
+	// packet, less inbox.ResultMargin for the rest of the statement.
+	return q.q("SELECT CAST(@@max_allowed_packet AS SIGNED) DIV 2 - 65536")
 }
 
 func (q queries) Savepoint() inbox.Query        { return q.q("SAVEPOINT inboxmill_attempt") }

@@ -188,9 +188,10 @@ func (q queries) Clock() inbox.Query {
 
 func (q queries) ResultLimit() inbox.Query {
 	// A bytea value is at most 1 GiB, and a driver that binds it as text
-	// (lib/pq) sends it hex-encoded, twice its size plus "\\x", as the
-	// server sends it back to such a driver: half of 1 GiB, less a margin.
-	return q.q(`SELECT CAST(536870912 - ` + strconv.Itoa(inbox.ResultMargin) + ` AS bigint)`)
+	// (lib/pq) sends it hex-encoded, twice its size plus "\x", as the
+	// server sends it back to such a driver: half of 1 GiB, less
+	// inbox.ResultMargin.
+	return q.q(`SELECT CAST(536870912 - 65536 AS bigint)`)
 }
 
 func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }

@@ -16,7 +16,6 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
-	"strconv"
 	"time"
 
 	"github.com/inboxmill/inboxmill/inbox"
@@ -174,10 +173,11 @@ func (q queries) Clock() inbox.Query {
 }
 
 func (q queries) ResultLimit() inbox.Query {
-	// SQLITE_MAX_LENGTH (1e9 bytes in the default build, which modernc.org/sqlite
-	// keeps) bounds a value and a whole row; SQL cannot read the
-	// connection's limit, so this is the build's default, less a margin.
-	return q.q(`SELECT 1000000000 - ` + strconv.Itoa(inbox.ResultMargin))
+	// SQLITE_MAX_LENGTH (1e9 bytes in the default build, which
+	// modernc.org/sqlite keeps) bounds a value and a whole row; SQL cannot
+	// read the connection's limit, so this is the build's default, less
+	// inbox.ResultMargin.
+	return q.q(`SELECT 1000000000 - 65536`)
 }
 
 func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
