@@ -45,7 +45,9 @@ type Stats struct {
 	// OutputsDropped counts executed deliveries (counted in Executed too)
 	// whose output was too large for the store to keep
 	// (inbox.ErrResultTooLarge): they completed without stored output, and
-	// their duplicates are acked without replaying it.
+	// their duplicates are acked without replaying it. It is counted when
+	// the store refuses the output, before the commit: a delivery whose
+	// commit then fails is counted again when its retry drops the output.
 	OutputsDropped uint64
 }
 
