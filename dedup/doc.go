@@ -52,6 +52,31 @@
 //		return err
 //	}
 //
+// # Output too large to store
+//
+// Output is stored with the record only when it fits the store's limit
+// ([inbox.Store.ResultLimit]: half of max_allowed_packet on MySQL and
+// MariaDB, 8 MiB less a margin by default on MariaDB 10.11; 512 MiB on
+// PostgreSQL; about 1 GB on SQLite; lower with inbox.Config.MaxResult). A
+// larger output is never sent to the database, which would refuse it at
+// every attempt (MySQL closes the connection, losing the transaction, so
+// the message would be redelivered for ever). Instead the intent completes
+// without stored output, as it does when the output cannot be encoded: in
+// transactional mode the handler's effects commit with the record, in
+// reserve mode the record is completed. The router still publishes the
+// output of that delivery. The middleware logs an Info line ("handler
+// output too large to store") with key_digest, output_bytes and
+// limit_bytes — never the output — and counts it in Stats.OutputsDropped
+// and inboxmill_dedup_outputs_dropped_total (the delivery is also counted
+// as executed).
+//
+// The consequence: a duplicate of such a record is acked without
+// replaying any output. If publishing the first delivery's output failed
+// after its commit, the redelivery cannot publish it again, and it is
+// lost. A handler whose output can be that large should publish a
+// reference to the data (a row, an object's address) rather than the
+// data.
+//
 // # Logging
 //
 // Config.Logger defaults to slog.Default() through watermill.NewSlogLogger.

@@ -79,7 +79,7 @@ func Example() {
 	// acked
 	// refused: same key, different payload
 	// payments: 1
-	// {Executed:1 Duplicates:1 Conflicts:1 InFlight:0 Invalid:0 Retries:0 Failed:0 Pending:0 Takeovers:0}
+	// {Executed:1 Duplicates:1 Conflicts:1 InFlight:0 Invalid:0 Retries:0 Failed:0 Pending:0 Takeovers:0 OutputsDropped:0}
 }
 
 // Keys can come from the payload when producers put the event ID there.

@@ -42,10 +42,18 @@ type Stats struct {
 	Executed, Duplicates, Conflicts, InFlight, Invalid, Retries, Failed, Pending uint64
 	// Takeovers counts reserve-mode claims of an expired or released lease.
 	Takeovers uint64
+	// OutputsDropped counts executed deliveries (counted in Executed too)
+	// whose output was too large for the store to keep
+	// (inbox.ErrResultTooLarge): they completed without stored output, and
+	// their duplicates are acked without replaying it. It is counted when
+	// the store refuses the output, before the commit: a delivery whose
+	// commit then fails is counted again when its retry drops the output.
+	OutputsDropped uint64
 }
 
 type counters struct {
 	executed, duplicate, conflict, inFlight, invalid, retry, failed, pending, takeover atomic.Uint64
+	outputDropped                                                                      atomic.Uint64
 }
 
 func (c *counters) add(o Outcome) {
@@ -74,6 +82,7 @@ func (c *counters) snapshot() Stats {
 		Executed: c.executed.Load(), Duplicates: c.duplicate.Load(), Conflicts: c.conflict.Load(),
 		InFlight: c.inFlight.Load(), Invalid: c.invalid.Load(), Retries: c.retry.Load(),
 		Failed: c.failed.Load(), Pending: c.pending.Load(), Takeovers: c.takeover.Load(),
+		OutputsDropped: c.outputDropped.Load(),
 	}
 }
 
@@ -82,6 +91,7 @@ type metrics struct {
 	messages  *prometheus.CounterVec
 	takeovers *prometheus.CounterVec
 	claim     *prometheus.HistogramVec
+	dropped   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -101,6 +111,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name:      "takeovers_total",
 			Help:      "Reserve-mode claims of an intent whose lease had expired or was released, by operation.",
 		}, []string{"operation"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "inboxmill",
+			Subsystem: "dedup",
+			Name:      "outputs_dropped_total",
+			Help:      "Executed deliveries whose output was too large to store, so that their duplicates replay none, by operation.",
+		}, []string{"operation"}),
 		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "inboxmill",
 			Subsystem: "dedup",
@@ -119,6 +135,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	m.claim, err = register(reg, m.claim)
+	if err != nil {
+		return nil, err
+	}
+	m.dropped, err = register(reg, m.dropped)
 	if err != nil {
 		return nil, err
 	}
@@ -155,5 +175,11 @@ func (m *metrics) observeTakeover(op string) {
 func (m *metrics) observeClaim(op string, d time.Duration) {
 	if m != nil {
 		m.claim.WithLabelValues(op).Observe(d.Seconds())
+	}
+}
+
+func (m *metrics) observeOutputDropped(op string) {
+	if m != nil {
+		m.dropped.WithLabelValues(op).Inc()
 	}
 }

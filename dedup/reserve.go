@@ -174,6 +174,9 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 			d.log.Info("inboxmill: handler output cannot be stored; recording completion without it",
 				d.logFields(msg, id, OutcomeExecuted, err))
 			out = nil
+		} else if err := d.store.CheckResult(fctx, d.store.DB(), enc); err != nil {
+			d.outputDropped(msg, id, err)
+			enc = nil
 		}
 		to, outcome = inbox.StatusCompleted, OutcomeExecuted
 		fctx, sp = d.startPhase(fctx, spanComplete, id)

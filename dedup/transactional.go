@@ -132,7 +132,10 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 		if err != nil {
 			return nil, OutcomeRetry, true, commit, err
 		}
-		if err := d.store.SaveOutput(octx, q, res.Record, enc); err != nil {
+		if err := d.store.SaveOutput(octx, q, res.Record, enc); errors.Is(err, inbox.ErrResultTooLarge) {
+			// Refused before it was sent: the effects commit without it.
+			d.outputDropped(msg, id, err)
+		} else if err != nil {
 			return nil, OutcomeRetry, true, commit, fmt.Errorf("dedup: store output: %w", err)
 		}
 	}

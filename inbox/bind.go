@@ -147,6 +147,7 @@ type queries struct {
 	createMigrations, migrationsExist, selectMigrations, selectMigration   stmt
 	insertMigration, deleteMigration, dropMigrations, lockMigrations       stmt
 	unlockMigrations                                                       stmt
+	resultLimit                                                            stmt
 
 	listRecords, selectKeys, countByOperation, oldestPending, oldestExpiredLease stmt
 	countPurgeable, oldestCreated, selectForUpdate, resolve, forget              stmt
@@ -180,6 +181,7 @@ func loadQueries(q Queries) (queries, error) {
 	get(&out.purge, "Purge", q.Purge())
 	get(&out.del, "Delete", q.Delete())
 	get(&out.clock, "Clock", q.Clock())
+	get(&out.resultLimit, "ResultLimit", q.ResultLimit())
 	get(&out.savepoint, "Savepoint", q.Savepoint())
 	get(&out.releaseSavepoint, "ReleaseSavepoint", q.ReleaseSavepoint())
 	get(&out.rollbackToSavepoint, "RollbackToSavepoint", q.RollbackToSavepoint())

@@ -146,18 +146,28 @@ func (s *Store) insert(ctx context.Context, q DBTX, what string, id ID, hash []b
 // just claimed ([Store.Claim] with Claimed = true), before it commits:
 // what a duplicate replays. Claims insert no result, so only intents that
 // produce output pay for this second statement.
+//
+// A result larger than [Store.ResultLimit] is not sent: SaveOutput returns
+// [ErrResultTooLarge] and leaves q's transaction as it was, so that the
+// caller can commit the claim without the result (MySQL would otherwise
+// close the connection, and the transaction with it, at every attempt).
 func (s *Store) SaveOutput(ctx context.Context, q DBTX, rec *Record, result []byte) error {
 	if rec.Status != StatusCompleted {
 		return fmt.Errorf("%w: output is stored with a completed record, not a %s one", ErrIllegalTransition, rec.Status)
+	}
+	if tooLarge := s.CheckResult(ctx, q, result); tooLarge != nil {
+		return fmt.Errorf("inbox: save output: %w", tooLarge)
 	}
 	err := s.finish(ctx, q, "save output", rec.ID, &params{
 		attempt: rec.Attempt, fromStatus: StatusCompleted, status: StatusCompleted, result: result,
 		resourceID: rec.ResourceID, errS: rec.Error,
 	})
-	if err == nil {
-		rec.Result = result
+	if err != nil {
+		s.limit.failedLarge(len(result))
+		return err
 	}
-	return err
+	rec.Result = result
+	return nil
 }
 
 // Get reads one record through q, or returns [ErrNotFound].

@@ -215,6 +215,12 @@ type Queries interface {
 	// Clock reads the database server's current time as microseconds since
 	// the Unix epoch (one BIGINT column), for [Config.ClockSync].
 	Clock() Query
+	// ResultLimit returns one row whose only column (BIGINT) is the size,
+	// in bytes, of the largest result the Finish statement stores on this
+	// connection: the database's limit on one value or one statement
+	// (MySQL's max_allowed_packet), less a margin for the rest of the
+	// statement. See [Store.ResultLimit].
+	ResultLimit() Query
 	// Savepoint, ReleaseSavepoint and RollbackToSavepoint set, release and
 	// roll back to the savepoint [Store.WithSavepoint] puts around work in
 	// a caller's transaction.

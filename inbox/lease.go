@@ -288,7 +288,10 @@ func (l *Lease) transition(ctx context.Context, what string, to Status, p *param
 	if renew {
 		p.expiresAt = expiry(s.now(), l.retention)
 	}
-	l.dropped = storableOutcome(p)
+	// A result over the database's limit is dropped up front: MySQL
+	// would close the connection over it, twice, before the fallback
+	// below gave it up.
+	l.dropped = storableOutcome(p, s.CheckResult(ctx, s.db, p.result))
 	err := s.finish(ctx, s.db, what, l.rec.ID, p)
 	if IsRetryable(err) {
 		// A lost connection, a deadlock, a Galera certification conflict:
@@ -309,6 +312,7 @@ func (l *Lease) transition(ctx context.Context, what string, to Status, p *param
 		bare := *p
 		bare.result, bare.resourceID, bare.externalRef = nil, "", ""
 		bare.errS = StorableText("outcome not storable, recorded without it: "+err.Error(), MaxErrorLen)
+		s.limit.failedLarge(len(p.result))
 		if berr := s.finish(ctx, s.db, what, l.rec.ID, &bare); berr == nil {
 			l.dropped, err = joinDropped(l.dropped, "the outcome ("+err.Error()+")"), nil
 		} else if errors.Is(berr, ErrLeaseLost) && l.wrote(ctx, to) {

@@ -38,9 +38,15 @@ func StorableText(s string, max int) string {
 // SQL. The error text is made storable in place; an external reference or
 // resource ID that is not storable text within its limit is an identifier
 // that must not be changed into another one, so it is dropped, and the
-// error says so. It returns what was dropped ("" when nothing was).
-func storableOutcome(p *params) string {
+// error says so. A result refused by the store's limit (tooLarge, from
+// CheckResult) is dropped too. It returns what was dropped ("" when
+// nothing was).
+func storableOutcome(p *params, tooLarge error) string {
 	var dropped []string
+	if tooLarge != nil {
+		dropped = append(dropped, fmt.Sprintf("result (%s)", tooLarge))
+		p.result = nil
+	}
 	if err := CheckText(p.externalRef, MaxExternalRefLen); err != nil {
 		dropped = append(dropped, fmt.Sprintf("external reference (%s)", err))
 		p.externalRef = ""

@@ -61,6 +61,12 @@ type Config struct {
 	// connection. Defaults to PrepareAuto: on where the dialect prefers it
 	// (Capabilities.PreferPrepare: MySQL and SQLite), off elsewhere. See [Store.Close].
 	Prepare Prepare
+
+	// MaxResult, when positive, lowers the size in bytes of the largest
+	// result the store writes below the database's own limit (see
+	// [Store.ResultLimit]), for an operator who wants no huge rows in the
+	// inbox. Defaults to 0: the database's limit only.
+	MaxResult int
 }
 
 // DefaultClockSync is Config.ClockSync's default.
@@ -87,6 +93,9 @@ func (c Config) validate() error {
 	if !identifier.MatchString(c.Table) {
 		errs = append(errs, fmt.Errorf("%w: table name %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)", ErrInvalidConfig, c.Table))
 	}
+	if c.MaxResult < 0 {
+		errs = append(errs, fmt.Errorf("%w: MaxResult %d is negative", ErrInvalidConfig, c.MaxResult))
+	}
 	if c.Prepare < PrepareAuto || c.Prepare > PrepareNever {
 		errs = append(errs, fmt.Errorf("%w: unknown %v", ErrInvalidConfig, c.Prepare))
 	}
@@ -106,6 +115,7 @@ type Store struct {
 	clock   func() time.Time
 	stmts   stmtCache
 	sync    clockSync
+	limit   resultLimit
 }
 
 // NewStore returns a store over db that speaks dialect. It checks the
@@ -137,6 +147,7 @@ func NewStore(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 		q:       q,
 		clock:   cfg.Now,
 	}
+	s.limit.max = cfg.MaxResult
 	s.stmts.on = cfg.Prepare.enabled(s.caps)
 	if cfg.ClockSync > 0 && !s.caps.SharedClock {
 		s.sync.every = cfg.ClockSync

@@ -25,6 +25,7 @@ var b0 = context.Background()
 var reservedNames sync.Mutex
 
 func runStore(t *testing.T, h Harness) {
+	t.Run("ResultLimit", func(t *testing.T) { runResultLimit(t, h) })
 	t.Run("TableNameInjectionIsRejected", func(t *testing.T) {
 		t.Parallel()
 		db := h.DB(t)

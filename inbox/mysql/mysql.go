@@ -186,6 +186,15 @@ func (q queries) Clock() inbox.Query {
 	return q.q("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))")
 }
 
+func (q queries) ResultLimit() inbox.Query {
+	// max_allowed_packet bounds one packet. Bound as a parameter of a
+	// server-side prepared statement (the driver's default) the result is
+	// sent on its own, but with interpolateParams=true the driver writes
+	// it into the statement's text escaped, up to twice its size: half the
+	// packet, less inbox.ResultMargin for the rest of the statement.
+	return q.q("SELECT CAST(@@max_allowed_packet AS SIGNED) DIV 2 - 65536")
+}
+
 func (q queries) Savepoint() inbox.Query        { return q.q("SAVEPOINT inboxmill_attempt") }
 func (q queries) ReleaseSavepoint() inbox.Query { return q.q("RELEASE SAVEPOINT inboxmill_attempt") }
 func (q queries) RollbackToSavepoint() inbox.Query {

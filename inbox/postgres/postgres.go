@@ -186,6 +186,14 @@ func (q queries) Clock() inbox.Query {
 	return q.q(`SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`)
 }
 
+func (q queries) ResultLimit() inbox.Query {
+	// A bytea value is at most 1 GiB, and a driver that binds it as text
+	// (lib/pq) sends it hex-encoded, twice its size plus "\x", as the
+	// server sends it back to such a driver: half of 1 GiB, less
+	// inbox.ResultMargin.
+	return q.q(`SELECT CAST(536870912 - 65536 AS bigint)`)
+}
+
 func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
 func (q queries) ReleaseSavepoint() inbox.Query { return q.q(`RELEASE SAVEPOINT inboxmill_attempt`) }
 func (q queries) RollbackToSavepoint() inbox.Query {

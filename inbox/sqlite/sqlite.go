@@ -172,6 +172,14 @@ func (q queries) Clock() inbox.Query {
 	return q.q(`SELECT CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)`)
 }
 
+func (q queries) ResultLimit() inbox.Query {
+	// SQLITE_MAX_LENGTH (1e9 bytes in the default build, which
+	// modernc.org/sqlite keeps) bounds a value and a whole row; SQL cannot
+	// read the connection's limit, so this is the build's default, less
+	// inbox.ResultMargin.
+	return q.q(`SELECT 1000000000 - 65536`)
+}
+
 func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
 func (q queries) ReleaseSavepoint() inbox.Query { return q.q(`RELEASE SAVEPOINT inboxmill_attempt`) }
 func (q queries) RollbackToSavepoint() inbox.Query {
