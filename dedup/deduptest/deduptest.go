@@ -61,6 +61,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
@@ -76,6 +77,11 @@ type Harness struct {
 	Concurrency int
 	// Prepare is passed to every store the suite creates (inbox.Config).
 	Prepare inbox.Prepare
+	// Group, when set, runs every transactional test with group commit
+	// (dedup.Transactional.Group) on, except those that join a consuming
+	// transaction, which are never grouped. The group commit tests run
+	// either way, with settings of their own.
+	Group *dedup.Group
 }
 
 // Run runs the whole suite as subtests of t: "Middleware" (transactional
@@ -90,6 +96,7 @@ func Run(t *testing.T, h Harness) {
 	require.Positive(t, h.Concurrency, "Harness.Concurrency")
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
 	t.Run("Reserve", func(t *testing.T) { runReserve(t, h) })
+	t.Run("Group", func(t *testing.T) { runGroup(t, h) })
 	t.Run("Storable", func(t *testing.T) { runStorable(t, h) })
 }
 
