@@ -52,8 +52,10 @@ type Group struct {
 
 	// Coordinators is how many groups run at once, each in a transaction
 	// (and on a connection) of its own. Deliveries that arrive while every
-	// coordinator is busy join the next group. Defaults to
-	// DefaultGroupCoordinators (4).
+	// coordinator is busy join the next group: fewer coordinators make
+	// larger groups, more keep more commits in flight. Defaults to
+	// DefaultGroupCoordinators (4), and to 1 where the database has one
+	// writer at a time (inbox.Capabilities.SingleWriter: SQLite).
 	Coordinators int
 }
 
@@ -71,10 +73,7 @@ func (g Group) withDefaults() Group {
 	if g.MaxLinger == 0 {
 		g.MaxLinger = DefaultGroupLinger
 	}
-	if g.Coordinators == 0 {
-		g.Coordinators = DefaultGroupCoordinators
-	}
-	return g
+	return g // Coordinators: newGrouper, which knows the database
 }
 
 func (g Group) validate() []error {
@@ -156,6 +155,12 @@ type member struct {
 }
 
 func newGrouper(d *Deduplicator, cfg Group) *grouper {
+	if cfg.Coordinators == 0 {
+		cfg.Coordinators = DefaultGroupCoordinators
+		if d.store.Dialect().Capabilities().SingleWriter {
+			cfg.Coordinators = 1
+		}
+	}
 	return &grouper{d: d, cfg: cfg, sem: make(chan struct{}, cfg.Coordinators)}
 }
 

@@ -61,6 +61,10 @@ type Capabilities struct {
 	// SharedClock is set where every client runs on the database's own
 	// clock (SQLite, in process): the store never measures an offset.
 	SharedClock bool
+	// SingleWriter is set where the database runs one writing transaction
+	// at a time (SQLite): more than one group commit coordinator would
+	// only queue on its lock, so the middleware runs one by default.
+	SingleWriter bool
 	// MigrationLock is set where migrating processes must exclude each
 	// other with Queries.LockMigrations (DDL that commits implicitly, or
 	// runs outside the migration's transaction).

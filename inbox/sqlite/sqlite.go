@@ -45,6 +45,8 @@ func (dialect) Capabilities() inbox.Capabilities {
 		PreferPrepare: true,
 		// Every client runs in the database's process, on its clock.
 		SharedClock: true,
+		// One writer at a time, whoever asks.
+		SingleWriter: true,
 		// No lock: SQLite serializes writers and its DDL is transactional,
 		// so a second process's migration transaction either waits and then
 		// sees the version applied, or fails on the version's primary key
