@@ -94,13 +94,18 @@ func (g Group) validate() []error {
 // its own: the first member of a group (its leader) runs it in its own
 // middleware call.
 type grouper struct {
-	d    *Deduplicator
-	cfg  Group
-	sem  chan struct{} // one slot per coordinator
-	mu   sync.Mutex
-	busy int    // deliveries in the middleware (under mu)
-	held int    // members of groups that no longer take members (under mu)
-	open *group // the group taking members, if any (under mu)
+	d   *Deduplicator
+	cfg Group
+	sem chan struct{} // one slot per coordinator
+	// savepoints isolates each member's handler under a savepoint instead
+	// of rolling the group back when one fails. Off: it costs two round
+	// trips per member while rolling back costs nothing until a handler
+	// fails (see BenchmarkGroupFailures). Tests and benchmarks set it.
+	savepoints bool
+	mu         sync.Mutex
+	busy       int    // deliveries in the middleware (under mu)
+	held       int    // members of groups that no longer take members (under mu)
+	open       *group // the group taking members, if any (under mu)
 	// waiting counts members whose group has not begun (under mu).
 	waiting int
 	// groups and members count the group transactions begun and their
@@ -410,18 +415,37 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 		return false, nil
 	}
 
+	ok := run[:0:0]
 	for _, m := range run {
-		out, err := d.run(m.ctx, tx.Tx, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
-		if err == nil && len(out) > 0 {
-			// Inserted as completed without a result: only members that
-			// produce messages pay for this statement.
-			if m.enc, err = encodeMessages(out); err == nil {
-				if err = d.store.SaveOutput(ctx, tx, m.rec, m.enc); err != nil {
-					err = fmt.Errorf("dedup: store output: %w", err)
+		var out []*message.Message
+		step := func() error {
+			var err error
+			out, err = d.run(m.ctx, tx.Tx, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
+			if err == nil && len(out) > 0 {
+				// Inserted as completed without a result: only members
+				// that produce messages pay for this statement.
+				if m.enc, err = encodeMessages(out); err == nil {
+					if err = d.store.SaveOutput(ctx, tx, m.rec, m.enc); err != nil {
+						err = fmt.Errorf("dedup: store output: %w", err)
+					}
 				}
 			}
+			return err
 		}
-		if err != nil {
+		if g.savepoints {
+			err := d.store.WithSavepoint(ctx, tx, step)
+			if err != nil && !errors.Is(err, inbox.ErrTxAborted) {
+				// Undone alone; the group goes on without it.
+				err = d.classifyHandlerErr(m.ctx, tx.Tx, err)
+				g.release(m, nil, handlerOutcome(err), err)
+				continue
+			}
+			if err != nil {
+				rollback()
+				g.release(m, nil, OutcomeRetry, err)
+				return true, nil
+			}
+		} else if err := step(); err != nil {
 			// Roll the group back and run it again without this member:
 			// nothing is recorded for it, and its redelivery runs clean.
 			err = d.classifyHandlerErr(m.ctx, tx.Tx, err)
@@ -430,6 +454,12 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 			return true, nil
 		}
 		m.out = out
+		ok = append(ok, m)
+	}
+	run = ok
+	if len(run) == 0 {
+		rollback()
+		return true, nil // the waiting members, if any, claim again
 	}
 	if err := tx.Commit(); err != nil {
 		// Nothing was recorded, or the connection broke and nobody knows:
@@ -443,6 +473,11 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 		g.release(m, m.out, OutcomeExecuted, nil)
 	}
 	for _, m := range waiting {
+		if released(m.follows) && m.follows.outcome != OutcomeExecuted {
+			// Its first member failed under a savepoint: not committed.
+			g.release(m, nil, OutcomeInFlight, fmt.Errorf("%w (in the same group, and it failed)", ErrInFlight))
+			continue
+		}
 		out, err := decodeMessages(m.follows.enc)
 		if err != nil {
 			out = nil
