@@ -36,7 +36,15 @@ import (
 //
 // What it costs: a delivery may wait up to MaxLinger for others to join,
 // but only while the middleware is handling deliveries that have not
-// joined yet; a delivery alone in flight starts at once.
+// joined yet; a delivery alone in flight starts at once. Then it waits for
+// the handlers of the members before it and for the commit. A member
+// whose context ends before its group begins is nacked without running.
+//
+// Differences from ungrouped deliveries: ReadFirst is not used (the claim
+// is shared already); a second member of a key with another payload than
+// the first's uncommitted claim is answered as a conflict at once; the
+// trace of a grouped delivery has its delivery span only, not the claim,
+// handler and commit phases, which the group shares.
 type Group struct {
 	// MaxSize is the most deliveries one group takes. Defaults to
 	// DefaultGroupMaxSize (64); at most inbox.MaxClaimMany.
