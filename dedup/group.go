@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -98,9 +99,9 @@ func (g Group) validate() []error {
 	return errs
 }
 
-// grouper forms the groups of one Deduplicator. It runs no goroutine of
-// its own: the first member of a group (its leader) runs it in its own
-// middleware call.
+// grouper forms the groups of one Deduplicator. The first member of a
+// group (its leader) starts the goroutine that runs it, which ends when
+// every member has its result.
 type grouper struct {
 	d   *Deduplicator
 	cfg Group
@@ -218,7 +219,10 @@ func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) (
 	kick(gr)
 	g.mu.Unlock()
 	if lead {
-		g.lead(gr)
+		// In a goroutine of its own, so that the leader's delivery, too,
+		// returns as soon as it has its result (a duplicate, a failure)
+		// rather than when the group is done.
+		go g.lead(gr)
 	}
 	<-m.done
 	g.mu.Lock()
@@ -269,12 +273,14 @@ func (g *grouper) lead(gr *group) {
 	g.waiting -= len(members)
 	g.mu.Unlock()
 	defer func() {
-		// A bug must not leave members waiting forever.
+		// A bug must neither leave members waiting forever nor take the
+		// process down from a goroutine no recoverer watches: each
+		// member's delivery fails with it instead.
 		if r := recover(); r != nil {
+			err := &PanicError{Value: fmt.Sprintf("dedup: group commit: %v", r), Stack: string(debug.Stack())}
 			for _, m := range members {
-				g.release(m, nil, OutcomeRetry, fmt.Errorf("dedup: group commit failed: %v", r))
+				g.release(m, nil, OutcomeRetry, err)
 			}
-			panic(r)
 		}
 	}()
 	g.run(members)

@@ -150,26 +150,28 @@ func runGroup(t *testing.T, h Harness) {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		timeout.SetContext(ctx)
+		// The duplicate leads the group (it joins first): even the
+		// delivery whose call forms the group returns with its answer.
 		msgs := []*message.Message{
-			event("ok-1", `{}`), event("ok-2", `{}`), event("fail", `{}`), event("ok-3", `{}`), event("panic", `{}`),
-			timeout, event("twin", `{"t":1}`), event("twin", `{"t":1}`), event("dup", `{"n":1}`),
+			event("dup", `{"n":1}`), event("ok-2", `{}`), event("fail", `{}`), event("ok-3", `{}`), event("panic", `{}`),
+			timeout, event("twin", `{"t":1}`), event("twin", `{"t":1}`), event("ok-1", `{}`),
 			event("conflict", `{"n":2}`), event("ok-4", `{}`),
 		}
 		// The duplicate signals its answer as soon as it has it.
-		dupMsg := msgs[8]
+		dupMsg := msgs[0]
 		res := w.inOneGroupWithHook(t, msgs, func(i int) {
 			if msgs[i] == dupMsg {
 				close(dupDone)
 			}
 		})
 
-		for _, i := range []int{0, 1, 3, 10} {
+		for _, i := range []int{8, 1, 3, 10} {
 			key := msgs[i].Metadata.Get(EventIDKey)
 			require.NoError(t, res[i].err, key)
 			require.Equal(t, 1, res[i].effects, "%s was committed before it was acked", key)
 		}
 		require.True(t, dupAnsweredEarly.Load(), "the duplicate was answered before the group committed")
-		require.NoError(t, res[8].err, "a duplicate of a committed record is acked")
+		require.NoError(t, res[0].err, "a duplicate of a committed record is acked")
 		require.Equal(t, 1, w.callsOf("dup"))
 		require.ErrorIs(t, res[9].err, dedup.ErrPayloadConflict)
 		require.Equal(t, 1, w.callsOf("conflict"))
@@ -442,9 +444,11 @@ func (w *gw) inOneGroupWithHook(t *testing.T, msgs []*message.Message, hook func
 				res[i].effects = w.countEffectsNoT(msg.Metadata.Get(EventIDKey))
 			}
 		})
+		// One after the other, so that they join in this order and the
+		// first leads the group.
+		require.Eventually(t, func() bool { return w.d.GroupStats().Waiting == i+1 }, 10*time.Second, time.Millisecond,
+			"delivery %d joins the group waiting for the coordinator", i)
 	}
-	require.Eventually(t, func() bool { return w.d.GroupStats().Waiting == len(msgs) }, 10*time.Second, time.Millisecond,
-		"every delivery joins the group waiting for the coordinator")
 	close(unblock)
 	wg.Wait()
 	require.NoError(t, <-blocked)
