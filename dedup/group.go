@@ -100,8 +100,8 @@ func (g Group) validate() []error {
 }
 
 // grouper forms the groups of one Deduplicator. The first member of a
-// group (its leader) starts the goroutine that runs it, which ends when
-// every member has its result.
+// group (its leader) runs it in its own call, and hands it to a goroutine
+// of its own, which ends with the group, once the leader has its result.
 type grouper struct {
 	d   *Deduplicator
 	cfg Group
@@ -244,17 +244,16 @@ func (g *grouper) seal(gr *group) {
 }
 
 // lead waits for a coordinator, lets the group fill while it lingers, and
-// runs it.
+// drives it.
 func (g *grouper) lead(gr *group) {
-	g.sem <- struct{}{}
-	defer func() { <-g.sem }()
+	g.sem <- struct{}{} // freed by drive
 	var expired <-chan time.Time
 	if g.cfg.MaxLinger > 0 {
 		t := time.NewTimer(g.cfg.MaxLinger)
 		defer t.Stop()
 		expired = t.C
 	}
-	for waiting := true; waiting; {
+	for {
 		g.mu.Lock()
 		if g.open != gr || len(gr.members) >= g.busy-g.held || expired == nil {
 			g.seal(gr)
@@ -272,18 +271,58 @@ func (g *grouper) lead(gr *group) {
 	g.mu.Lock()
 	g.waiting -= len(members)
 	g.mu.Unlock()
+	g.drive(&groupRun{members: members, ctx: context.WithoutCancel(members[0].ctx), tries: 1}, true)
+}
+
+// groupRun is a group's progress: its members, its tries, and the try
+// between its claim and its commit.
+type groupRun struct {
+	members []*member
+	// The group's statements outlive any one member's context: a member
+	// whose context ends is released, the others go on.
+	ctx   context.Context
+	tries int
+	cur   *try // claimed, handlers not run yet; nil before a claim
+}
+
+// try is one try of a group in one transaction, once it has claimed.
+type try struct {
+	tx           *inbox.Tx
+	run, waiting []*member
+}
+
+// drive runs r's steps until every member is released, then frees the
+// coordinator. The leader drives in its own call (inline), which costs no
+// goroutine switch; once the leader has its result (a duplicate, a
+// conflict, its own failure) while others wait, the rest of the work moves
+// to a goroutine, so that the leader's delivery returns at once too.
+func (g *grouper) drive(r *groupRun, inline bool) {
+	handedOff := false
 	defer func() {
+		if handedOff {
+			return
+		}
 		// A bug must neither leave members waiting forever nor take the
 		// process down from a goroutine no recoverer watches: each
 		// member's delivery fails with it instead.
-		if r := recover(); r != nil {
-			err := &PanicError{Value: fmt.Sprintf("dedup: group commit: %v", r), Stack: string(debug.Stack())}
-			for _, m := range members {
+		if rec := recover(); rec != nil {
+			if r.cur != nil {
+				_ = r.cur.tx.Rollback()
+			}
+			err := &PanicError{Value: fmt.Sprintf("dedup: group commit: %v", rec), Stack: string(debug.Stack())}
+			for _, m := range r.members {
 				g.release(m, nil, OutcomeRetry, err)
 			}
 		}
+		<-g.sem
 	}()
-	g.run(members)
+	for g.step(r) {
+		if inline && released(r.members[0]) {
+			handedOff = true
+			go g.drive(r, false)
+			return
+		}
+	}
 }
 
 // release hands m its result; later calls for m do nothing.
@@ -306,73 +345,71 @@ func released(m *member) bool {
 	}
 }
 
-// run runs the group until every member is released: again without a
-// member whose handler failed, or from the start after a transient
-// failure before any handler ran.
-func (g *grouper) run(members []*member) {
-	// The group's statements outlive any one member's context: a member
-	// whose context ends is released, the others go on.
-	ctx := context.WithoutCancel(members[0].ctx)
-	tries := 1
-	for {
-		var live []*member
-		for _, m := range members {
-			if released(m) {
-				continue
-			}
-			if err := m.ctx.Err(); err != nil {
-				g.release(m, nil, OutcomeRetry, err)
-				continue
-			}
-			m.rec, m.enc, m.follows = nil, nil, nil
-			live = append(live, m)
+// step does the group's next piece of work: a claim, or the handlers and
+// the commit of the try that claimed. It reports whether work remains:
+// another try without a member whose handler failed, or from the start
+// after a transient failure before any handler ran.
+func (g *grouper) step(r *groupRun) bool {
+	if t := r.cur; t != nil {
+		r.cur = nil
+		return g.finish(r.ctx, t)
+	}
+	var live []*member
+	for _, m := range r.members {
+		if released(m) {
+			continue
 		}
-		if len(live) == 0 {
-			return
+		if err := m.ctx.Err(); err != nil {
+			g.release(m, nil, OutcomeRetry, err)
+			continue
 		}
-		g.mu.Lock()
-		g.groups++
-		g.members += uint64(len(live))
-		g.mu.Unlock()
-		again, transient := g.once(ctx, live)
-		if transient != nil {
-			tries++
-			again = tries <= g.d.tx.ClaimAttempts
+		m.rec, m.enc, m.follows = nil, nil, nil
+		live = append(live, m)
+	}
+	if len(live) == 0 {
+		return false
+	}
+	g.mu.Lock()
+	g.groups++
+	g.members += uint64(len(live))
+	g.mu.Unlock()
+	t, transient := g.claimTry(r.ctx, live)
+	if transient != nil {
+		r.tries++
+		if r.tries <= g.d.tx.ClaimAttempts {
+			return true
 		}
-		if !again {
-			err := transient
-			if err == nil {
-				// once releases every member when it asks for no other
-				// run; this only guards against a bug.
-				err = errors.New("dedup: group ended without an outcome")
-			}
-			for _, m := range live {
-				g.release(m, nil, OutcomeRetry, err)
-			}
-			return
+		for _, m := range live {
+			g.release(m, nil, OutcomeRetry, transient)
 		}
+		return false
+	}
+	r.cur = t
+	return t != nil
+}
+
+// fail releases every member of ms with err.
+func (g *grouper) fail(ms []*member, err error) {
+	for _, m := range ms {
+		g.release(m, nil, OutcomeRetry, err)
 	}
 }
 
-// once makes one try of the group in one transaction. again asks for
-// another run (a member failed and was released); transient is a
-// retryable failure before any handler ran, with every member still
-// waiting. When neither is set, every member is released.
-func (g *grouper) once(ctx context.Context, live []*member) (again bool, transient error) {
+// claimTry begins a try of the live members and claims their keys,
+// answering at once those that need no commit. It returns the try with
+// the members that claimed (nil when none did: every member was
+// answered), or transient, a retryable failure with every member still
+// waiting.
+func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transient error) {
 	d := g.d
-	fail := func(ms []*member, err error) {
-		for _, m := range ms {
-			g.release(m, nil, OutcomeRetry, err)
-		}
-	}
 	tx, err := d.store.BeginTx(ctx, d.tx.TxOptions)
 	if err != nil {
 		err = fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
 		if inbox.IsRetryable(err) {
-			return false, err
+			return nil, err
 		}
-		fail(live, err)
-		return false, nil
+		g.fail(live, err)
+		return nil, nil
 	}
 	rollback := func() { _ = tx.Rollback() }
 
@@ -387,10 +424,10 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 	if err != nil {
 		rollback()
 		if inbox.IsRetryable(err) {
-			return false, err
+			return nil, err
 		}
-		fail(live, err)
-		return false, nil
+		g.fail(live, err)
+		return nil, nil
 	}
 	claimedBy := map[*inbox.Record]*member{}
 	var run, waiting []*member
@@ -426,9 +463,18 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 	}
 	if len(run) == 0 {
 		rollback()
-		return false, nil
+		return nil, nil
 	}
+	return &try{tx: tx, run: run, waiting: waiting}, nil
+}
 
+// finish runs the handlers of t's members one after the other, stores
+// their outputs and commits, then releases them and the members waiting
+// for them. It reports whether the group must run again: a member failed
+// and was released, the others were rolled back.
+func (g *grouper) finish(ctx context.Context, t *try) (again bool) {
+	d, tx, run, waiting := g.d, t.tx, t.run, t.waiting
+	rollback := func() { _ = tx.Rollback() }
 	ok := run[:0:0]
 	for _, m := range run {
 		var out []*message.Message
@@ -457,7 +503,7 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 			if err != nil {
 				rollback()
 				g.release(m, nil, OutcomeRetry, err)
-				return true, nil
+				return true
 			}
 		} else if err := step(); err != nil {
 			// Roll the group back and run it again without this member:
@@ -465,7 +511,7 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 			err = d.classifyHandlerErr(m.ctx, tx.Tx, err)
 			rollback()
 			g.release(m, nil, handlerOutcome(err), err)
-			return true, nil
+			return true
 		}
 		m.out = out
 		ok = append(ok, m)
@@ -473,15 +519,15 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 	run = ok
 	if len(run) == 0 {
 		rollback()
-		return true, nil // the waiting members, if any, claim again
+		return true // the waiting members, if any, claim again
 	}
 	if err := tx.Commit(); err != nil {
 		// Nothing was recorded, or the connection broke and nobody knows:
 		// either way the redeliveries' claims find the truth.
 		err = fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
-		fail(run, err)
-		fail(waiting, err)
-		return false, nil
+		g.fail(run, err)
+		g.fail(waiting, err)
+		return false
 	}
 	for _, m := range run {
 		g.release(m, m.out, OutcomeExecuted, nil)
@@ -498,7 +544,7 @@ func (g *grouper) once(ctx context.Context, live []*member) (again bool, transie
 		}
 		g.release(m, out, OutcomeDuplicate, nil)
 	}
-	return false, nil
+	return false
 }
 
 // claim claims the members' keys: with the single-row claim when the

@@ -17,7 +17,8 @@ import (
 // Deduplicator is the Watermill middleware. Create it with [New] and add
 // [Deduplicator.Middleware] to a router or a handler. It is safe for
 // concurrent use and holds no goroutines between deliveries (with group
-// commit, each group runs in a goroutine that ends with it).
+// commit, a group whose first delivery is answered before the others
+// finishes in a goroutine that ends with it).
 type Deduplicator struct {
 	store   *inbox.Store
 	cfg     Config
