@@ -33,7 +33,13 @@
 // exactly one redelivery and the zombie fenced, one handler call under
 // concurrency, permanent and transient failures, uncertain outcomes left
 // pending and never re-executed, the heartbeat, no transaction open while
-// the handler runs, a lost lease cancelling the handler's context). A dialect proves the middleware works on it by running it:
+// the handler runs, a lost lease cancelling the handler's context) and
+// group commit (members in one transaction, a failing, panicking or
+// timed-out member nacked alone, two members of one key, a duplicate from
+// another group, a commit that fails, a connection killed mid-group, a
+// router closing while a group lingers); Harness.Group runs the whole
+// transactional suite again with group commit on. A dialect proves the
+// middleware works on it by running it:
 //
 //	func TestDedupConformance(t *testing.T) {
 //		deduptest.Run(t, deduptest.Harness{

@@ -217,6 +217,39 @@ func runGroup(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("LeaderThatFailsIsNackedBeforeTheGroupCommits", func(t *testing.T) {
+		t.Parallel()
+		w := setupGroup(t, h, dedup.Group{Coordinators: 1, MaxLinger: 5 * time.Second})
+		boom := errors.New("leader failed")
+		failed := make(chan struct{})
+		var nackedFirst atomic.Bool
+		w.act = func(msg *message.Message, _ *sql.Tx) ([]*message.Message, error) {
+			switch msg.Metadata.Get(EventIDKey) {
+			case "a-leader":
+				return nil, boom
+			case "b-member":
+				select {
+				case <-failed:
+					nackedFirst.Store(true)
+				case <-time.After(5 * time.Second):
+				}
+			}
+			return nil, nil
+		}
+		msgs := []*message.Message{event("a-leader", `{}`), event("b-member", `{}`)}
+		res := w.inOneGroupWithHook(t, msgs, func(i int) {
+			if i == 0 {
+				close(failed)
+			}
+		})
+		require.ErrorIs(t, res[0].err, boom)
+		require.True(t, nackedFirst.Load(), "the failed leader's delivery returned while the group went on")
+		require.NoError(t, res[1].err)
+		require.Equal(t, 1, res[1].effects)
+		require.Equal(t, 0, w.countEffects(t, "a-leader"))
+		w.noRecord(t, "a-leader")
+	})
+
 	t.Run("DuplicateFromAnotherGroupWaitsForTheCommitAndReplaysTheOutput", func(t *testing.T) {
 		t.Parallel()
 		w := setupGroup(t, h, dedup.Group{Coordinators: 2})
