@@ -63,6 +63,14 @@ type Transactional struct {
 	// same database. When it finds none, the middleware begins its own
 	// transaction. Defaults to nil.
 	JoinTx TxJoiner
+
+	// Group, when set, turns on group commit: deliveries handled at the
+	// same time share one transaction, one claim statement and one
+	// commit (see [Group]). Deliveries that JoinTx joins to a consuming
+	// transaction are not grouped, and ReadFirst is not used for grouped
+	// ones (their claim is shared already). Defaults to nil: every
+	// delivery commits a transaction of its own.
+	Group *Group
 }
 
 // Reserve is the mode for effects outside the database (payments,
@@ -125,6 +133,10 @@ func (t Transactional) withDefaults() Transactional {
 	if t.ClaimAttempts == 0 {
 		t.ClaimAttempts = DefaultClaimAttempts
 	}
+	if t.Group != nil {
+		g := t.Group.withDefaults() // a copy: the caller's value is not changed
+		t.Group = &g
+	}
 	return t
 }
 
@@ -135,6 +147,9 @@ func (t Transactional) validate() []error {
 	}
 	if t.ReadFirst < ReadFirstAuto || t.ReadFirst > ReadFirstNever {
 		errs = append(errs, fmt.Errorf("%w: unknown ReadFirst %d", ErrInvalidConfig, int(t.ReadFirst)))
+	}
+	if t.Group != nil {
+		errs = append(errs, t.Group.validate()...)
 	}
 	return errs
 }

@@ -72,6 +72,12 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{name: "Retention -2ns", store: store, mutate: func(c *dedup.Config) { c.Retention = -2 }, want: "Retention"},
 		{name: "Retention -1h", store: store, mutate: func(c *dedup.Config) { c.Retention = -time.Hour }, want: "Retention -1h0m0s is negative"},
 		{name: "negative ClaimAttempts", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{ClaimAttempts: -1} }, want: "ClaimAttempts -1 is negative"},
+		{name: "negative Group.MaxSize", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{Group: &dedup.Group{MaxSize: -1}} }, want: "Group.MaxSize -1"},
+		{name: "Group.MaxSize above MaxClaimMany", store: store, mutate: func(c *dedup.Config) {
+			c.Mode = dedup.Transactional{Group: &dedup.Group{MaxSize: inbox.MaxClaimMany + 1}}
+		}, want: "Group.MaxSize 1001"},
+		{name: "Group.MaxLinger -2ns", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{Group: &dedup.Group{MaxLinger: -2}} }, want: "Group.MaxLinger"},
+		{name: "negative Group.Coordinators", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{Group: &dedup.Group{Coordinators: -1}} }, want: "Group.Coordinators -1"},
 		{name: "unknown ReadFirst", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{ReadFirst: dedup.ReadFirst(7)} }, want: "unknown ReadFirst 7"},
 		{name: "Operation of 256 bytes", store: store, mutate: func(c *dedup.Config) { c.Operation = strings.Repeat("o", 256) }, want: "operation is 256 bytes, more than 255"},
 		{name: "ignore path a..b", store: store, mutate: func(c *dedup.Config) { c.IgnoreFields = []string{"a..b"} }, want: `ignore path "a..b"`},
@@ -154,6 +160,9 @@ func TestNewAcceptsValidConfigs(t *testing.T) {
 		{name: "Retention 1ns", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Retention: 1}},
 		{name: "RepeatLogInterval -1 logs every repeat", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), RepeatLogInterval: -1}},
 		{name: "a TracerProvider of its own", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), TracerProvider: noop.NewTracerProvider()}},
+		{name: "group commit with defaults", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Mode: dedup.Transactional{Group: &dedup.Group{}}}},
+		{name: "group commit without linger", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"),
+			Mode: dedup.Transactional{Group: &dedup.Group{MaxSize: 1, MaxLinger: -1, Coordinators: 1}}}},
 		{name: "ClaimAttempts 1", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Mode: dedup.Transactional{ClaimAttempts: 1}}},
 		{name: "Operation of 255 bytes", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Operation: strings.Repeat("o", 255)}},
 		{name: "valid IgnoreFields", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), IgnoreFields: []string{"sent_at", "meta.trace_id", "a.b.c.d"}}},
@@ -236,6 +245,10 @@ func TestNewDoesNotMutateTheCallersConfig(t *testing.T) {
 	}
 	require.Equal(t, dedup.Reserve{}, *rs, "Reserve defaults not written back")
 	require.Equal(t, dedup.Transactional{}, *tx, "Transactional defaults not written back")
+	g := &dedup.Group{}
+	_, err = dedup.New(store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Mode: dedup.Transactional{Group: g}})
+	require.NoError(t, err)
+	require.Equal(t, dedup.Group{}, *g, "Group defaults not written back")
 	require.Equal(t, []string{"x..y"}, bad.IgnoreFields)
 }
 

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"testing"
 
+	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/deduptest"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/internal/testdb"
@@ -20,6 +21,19 @@ func TestConformance(t *testing.T) {
 			Dialect: testdb.Dialect(kind),
 			DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
 			Prepare: prepare,
+		})
+	})
+}
+
+// TestConformanceGroupCommit runs the suite again with group commit on
+// for every transactional test, on every database and driver.
+func TestConformanceGroupCommit(t *testing.T) {
+	testdb.EachMode(t, func(t *testing.T, kind testdb.Kind, prepare inbox.Prepare) {
+		deduptest.Run(t, deduptest.Harness{
+			Dialect: testdb.Dialect(kind),
+			DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
+			Prepare: prepare,
+			Group:   &dedup.Group{},
 		})
 	})
 }

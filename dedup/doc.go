@@ -37,6 +37,19 @@
 // dedup/deduptest is the middleware's conformance suite and has helpers to
 // test a handler under redelivery.
 //
+// # Group commit
+//
+// With Transactional.Group set, deliveries the middleware handles at the
+// same time share one transaction: one statement claims every member's
+// key (inbox.Store.ClaimMany), the claimed members' handlers run one after
+// the other in the shared transaction, and one commit records them all;
+// only then does each member's call return, so the router acks only
+// committed work. Duplicates and conflicts are answered right after the
+// claim. A handler that fails or panics nacks only its own message: the
+// group is rolled back and runs again without it. A delivery alone in
+// flight waits for nobody. See [Group] for what it asks of handlers and
+// docs/benchmarks.md for what it gains and costs; it is off by default.
+//
 // # Usage
 //
 //	d, err := dedup.New(store, dedup.Config{

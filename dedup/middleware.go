@@ -16,12 +16,15 @@ import (
 
 // Deduplicator is the Watermill middleware. Create it with [New] and add
 // [Deduplicator.Middleware] to a router or a handler. It is safe for
-// concurrent use and holds no goroutines.
+// concurrent use and holds no goroutines between deliveries (with group
+// commit, a group whose first delivery is answered before the others
+// finishes in a goroutine that ends with it).
 type Deduplicator struct {
 	store   *inbox.Store
 	cfg     Config
 	tx      Transactional // the mode's settings, with defaults
 	rs      *Reserve      // nil in transactional mode
+	grp     *grouper      // nil without group commit
 	fp      FingerprintFunc
 	metrics *metrics
 	stats   counters
@@ -59,6 +62,9 @@ func New(store *inbox.Store, cfg Config) (*Deduplicator, error) {
 	switch mode := cfg.Mode.(type) {
 	case Transactional:
 		d.tx = mode
+		if mode.Group != nil {
+			d.grp = newGrouper(d, *mode.Group)
+		}
 	case Reserve:
 		d.rs = &mode
 	}
@@ -138,6 +144,10 @@ func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
 }
 
 func (d *Deduplicator) handle(msg *message.Message, h message.HandlerFunc) ([]*message.Message, error) {
+	if d.grp != nil {
+		d.grp.enter()
+		defer d.grp.leave()
+	}
 	orig := msg.Context()
 	ds := d.startDelivery(msg)
 	defer msg.SetContext(orig)

@@ -24,6 +24,9 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 			return d.joined(ctx, tx, msg, h, id)
 		}
 	}
+	if d.grp != nil {
+		return d.grp.do(msg, h, id)
+	}
 	if d.shouldReadFirst() {
 		cctx, sp := d.startPhase(ctx, spanClaim, id)
 		sp.setBool(attrReadFirst, true)

@@ -61,6 +61,10 @@ type ClaimResult struct {
 	// Record is the inserted record when Claimed, and the existing one
 	// otherwise.
 	Record *Record
+	// Err is what was wrong with this one claim of a [Store.ClaimMany]
+	// (an invalid key, a *ConflictError); always nil from Claim, which
+	// returns it.
+	Err error
 }
 
 // claimRetries bounds how often an insert is tried again when the row that

@@ -61,6 +61,10 @@ type Capabilities struct {
 	// SharedClock is set where every client runs on the database's own
 	// clock (SQLite, in process): the store never measures an offset.
 	SharedClock bool
+	// SingleWriter is set where the database runs one writing transaction
+	// at a time (SQLite): more than one group commit coordinator would
+	// only queue on its lock, so the middleware runs one by default.
+	SingleWriter bool
 	// MigrationLock is set where migrating processes must exclude each
 	// other with Queries.LockMigrations (DDL that commits implicitly, or
 	// runs outside the migration's transaction).
@@ -73,6 +77,42 @@ type Capabilities struct {
 type Query struct {
 	SQL  string
 	Args []Arg
+}
+
+// RowsQuery is a statement over several records at once, built by the
+// dialect for the number of records at hand.
+type RowsQuery struct {
+	// SQL is the statement.
+	SQL string
+	// RowArgs name the values of one record. Without Array, SQL has one
+	// placeholder for each of them for every record, record after record;
+	// with Array, one placeholder each, which binds the values of every
+	// record, in order, packed by Array.
+	RowArgs []Arg
+	// Array packs the values of one RowArg, one per record (what the
+	// store binds for a single record: strings, []byte, int64, the
+	// dialect's TimeArg, nil for NULL), into one bind value, such as a
+	// PostgreSQL array literal for unnest. Nil for dialects that repeat
+	// the placeholders.
+	Array func(values []any) any
+	// Returning is set when the statement returns rows (InsertMany: the
+	// scope, operation and key of every record it inserted).
+	Returning bool
+}
+
+// Query returns q as a plain query with one Arg per placeholder: RowArgs
+// once when Array packs them, rows times otherwise. Tools and tests use it
+// to check and print the statement.
+func (q RowsQuery) Query(rows int) Query {
+	n := rows
+	if q.Array != nil {
+		n = 1
+	}
+	args := make([]Arg, 0, n*len(q.RowArgs))
+	for range n {
+		args = append(args, q.RowArgs...)
+	}
+	return Query{SQL: q.SQL, Args: args}
 }
 
 // Arg names a value the store can bind. Which args a query may use is
@@ -311,6 +351,25 @@ type Queries interface {
 	// UpdateAuditCount sets the affected count of an audit entry (a
 	// purge's running total). Args: affected, audit ID.
 	UpdateAuditCount() Query
+	// InsertMany is Insert for rows records at once (1 or more), in one
+	// statement, for [Store.ClaimMany]. It inserts the records in the
+	// order given (the store sorts them by primary key, so that two
+	// transactions claiming overlapping sets lock rows in one order and
+	// cannot deadlock each other), skips every key that is taken without
+	// failing, and waits on a key another transaction holds. With
+	// Returning it returns the scope, operation and key of each record it
+	// inserted; without, the store reads the records first with
+	// SelectMany and checks rows affected. RowArgs: those of Insert.
+	InsertMany(rows int) RowsQuery
+	// SelectMany reads the records of rows IDs, for [Store.ClaimMany]: in
+	// any order, nothing for an ID without one. It must see the latest
+	// committed rows where it follows InsertMany in a transaction
+	// (Returning); where it comes first it may read the transaction's
+	// snapshot, and must take no locks (a locking read of missing keys
+	// takes gap locks on MySQL, which deadlock two claiming transactions).
+	// RowArgs: the ID.
+	SelectMany(rows int) RowsQuery
+
 	// ListAudit lists audit entries, newest (greatest audit ID) first,
 	// older than ArgAuditID ("" for the newest), of the record ArgScope,
 	// ArgOperation, ArgKey when ArgOperation is not "" (every entry when

@@ -33,7 +33,13 @@
 // exactly one redelivery and the zombie fenced, one handler call under
 // concurrency, permanent and transient failures, uncertain outcomes left
 // pending and never re-executed, the heartbeat, no transaction open while
-// the handler runs, a lost lease cancelling the handler's context). A dialect proves the middleware works on it by running it:
+// the handler runs, a lost lease cancelling the handler's context) and
+// group commit (members in one transaction, a failing, panicking or
+// timed-out member nacked alone, two members of one key, a duplicate from
+// another group, a commit that fails, a connection killed mid-group, a
+// router closing while a group lingers); Harness.Group runs the whole
+// transactional suite again with group commit on. A dialect proves the
+// middleware works on it by running it:
 //
 //	func TestDedupConformance(t *testing.T) {
 //		deduptest.Run(t, deduptest.Harness{
@@ -61,6 +67,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
@@ -76,6 +83,11 @@ type Harness struct {
 	Concurrency int
 	// Prepare is passed to every store the suite creates (inbox.Config).
 	Prepare inbox.Prepare
+	// Group, when set, runs every transactional test with group commit
+	// (dedup.Transactional.Group) on, except those that join a consuming
+	// transaction, which are never grouped. The group commit tests run
+	// either way, with settings of their own.
+	Group *dedup.Group
 }
 
 // Run runs the whole suite as subtests of t: "Middleware" (transactional
@@ -90,6 +102,7 @@ func Run(t *testing.T, h Harness) {
 	require.Positive(t, h.Concurrency, "Harness.Concurrency")
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
 	t.Run("Reserve", func(t *testing.T) { runReserve(t, h) })
+	t.Run("Group", func(t *testing.T) { runGroup(t, h) })
 	t.Run("Storable", func(t *testing.T) { runStorable(t, h) })
 }
 

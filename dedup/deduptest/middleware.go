@@ -40,6 +40,17 @@ func setupMiddleware(t *testing.T, h Harness, cfg dedup.Config) *mw {
 	if cfg.Operation == "" {
 		cfg.Operation = "record_effect"
 	}
+	if h.Group != nil {
+		switch m := cfg.Mode.(type) {
+		case nil:
+			cfg.Mode = dedup.Transactional{Group: h.Group}
+		case dedup.Transactional:
+			if m.JoinTx == nil && m.Group == nil {
+				m.Group = h.Group
+				cfg.Mode = m
+			}
+		}
+	}
 	d, err := dedup.New(b.store, cfg)
 	require.NoError(t, err)
 	return &mw{bundle: b, d: d}

@@ -41,14 +41,22 @@ type NamedQuery struct {
 // AllQueries returns every statement of q, by method name in alphabetical
 // order, so that a dialect's tests can check or pin (in a
 // golden file) all of them without listing them: a statement added to the
-// interface is covered at once.
+// interface is covered at once. Statements over several records
+// (InsertMany, SelectMany) are built for two records.
 func AllQueries(q inbox.Queries) []NamedQuery {
 	v := reflect.ValueOf(q)
 	it := reflect.TypeFor[inbox.Queries]()
 	out := make([]NamedQuery, it.NumMethod())
 	for i := range out {
 		name := it.Method(i).Name
-		out[i] = NamedQuery{Name: name, Query: v.MethodByName(name).Call(nil)[0].Interface().(inbox.Query)}
+		m := v.MethodByName(name)
+		if m.Type().NumIn() == 1 {
+			// A statement over several records: built for two of them.
+			rq := m.Call([]reflect.Value{reflect.ValueOf(2)})[0].Interface().(inbox.RowsQuery)
+			out[i] = NamedQuery{Name: name, Query: rq.Query(2)}
+			continue
+		}
+		out[i] = NamedQuery{Name: name, Query: m.Call(nil)[0].Interface().(inbox.Query)}
 	}
 	return out
 }

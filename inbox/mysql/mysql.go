@@ -14,6 +14,7 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
+	"strings"
 	"time"
 
 	driver "github.com/go-sql-driver/mysql"
@@ -351,4 +352,30 @@ func (q queries) ListAudit() inbox.Query {
 		"ORDER BY audit_id DESC LIMIT ?",
 		inbox.ArgOperation, inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgAction, inbox.ArgAction,
 		inbox.ArgAuditID, inbox.ArgAuditID, inbox.ArgLimit)
+}
+
+// The statements over several records repeat one row's placeholders per
+// record. MySQL has no RETURNING, so the store reads the records first
+// (SelectMany, a plain read that takes no gap locks) and inserts the rest.
+
+func (q queries) InsertMany(rows int) inbox.RowsQuery {
+	// INSERT IGNORE skips a taken key and, like Insert, waits on a key
+	// another transaction holds; the store has sorted the rows by key.
+	return inbox.RowsQuery{SQL: q.q("INSERT IGNORE INTO `{{table}}` (scope, operation, `key`, payload_hash, status, attempt,\n" +
+		"\tcorrelation_id, error, created_at, updated_at, expires_at)\nVALUES " +
+		repeatRow("(?, ?, ?, ?, ?, 1, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)", rows)).SQL,
+		RowArgs: []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgPayloadHash, inbox.ArgStatus,
+			inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt}}
+}
+
+func (q queries) SelectMany(rows int) inbox.RowsQuery {
+	// A disjunction of primary-key lookups, which MariaDB reads as one
+	// range per key (it does not always for a row-value IN list).
+	cond := strings.Repeat(" OR (scope = ? AND operation = ? AND `key` = ?)", max(rows, 1))[len(" OR "):]
+	return inbox.RowsQuery{SQL: q.q("SELECT " + cols + " FROM `{{table}}` WHERE " + cond).SQL, RowArgs: idArgs}
+}
+
+// repeatRow joins rows copies of row with ", ".
+func repeatRow(row string, rows int) string {
+	return strings.Repeat(", "+row, max(rows, 1))[len(", "):]
 }

@@ -11,7 +11,9 @@ import (
 	"context"
 	"database/sql/driver"
 	"embed"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"strconv"
 	"strings"
@@ -331,4 +333,79 @@ WHERE ($1::text = '' OR (scope = $2 AND operation = $1::text AND key = $3))
 	AND ($5::text = '' OR audit_id < $5::text)
 ORDER BY audit_id DESC LIMIT $6`,
 		inbox.ArgOperation, inbox.ArgScope, inbox.ArgKey, inbox.ArgAction, inbox.ArgAuditID, inbox.ArgLimit)
+}
+
+// The statements over several records bind one array per column, which
+// unnest turns back into rows: one statement text whatever the number of
+// records. The arrays are sent as array literals in text, which both
+// lib/pq and pgx pass through unchanged, and cast on the server.
+
+var rowArgs = []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgPayloadHash, inbox.ArgStatus,
+	inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt}
+
+func (q queries) InsertMany(int) inbox.RowsQuery {
+	// ORDER BY the primary key: rows are inserted, and their keys locked,
+	// in one order in every transaction, so two claiming transactions wait
+	// for each other instead of deadlocking.
+	return inbox.RowsQuery{SQL: inbox.MustRenderSQL(`INSERT INTO "{{table}}" (scope, operation, key, payload_hash, status, attempt,
+	correlation_id, error, created_at, updated_at, expires_at)
+SELECT r.scope, r.operation, r.key, r.payload_hash, r.status, 1, NULLIF(r.correlation_id, ''), NULLIF(r.error, ''),
+	r.created_at, r.updated_at, r.expires_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[],
+	$8::timestamptz[], $9::timestamptz[], $10::timestamptz[])
+	AS r(scope, operation, key, payload_hash, status, correlation_id, error, created_at, updated_at, expires_at)
+ORDER BY r.scope, r.operation, r.key
+ON CONFLICT (scope, operation, key) DO NOTHING
+RETURNING scope, operation, key`, q.t), RowArgs: rowArgs, Array: arrayLiteral, Returning: true}
+}
+
+func (q queries) SelectMany(int) inbox.RowsQuery {
+	return inbox.RowsQuery{SQL: inbox.MustRenderSQL(`SELECT `+qualified+` FROM "{{table}}" AS t
+JOIN unnest($1::text[], $2::text[], $3::text[]) AS r(scope, operation, key)
+	ON t.scope = r.scope AND t.operation = r.operation AND t.key = r.key`, q.t),
+		RowArgs: idArgs, Array: arrayLiteral}
+}
+
+// qualified is the record columns of the table aliased t.
+var qualified = "t." + strings.ReplaceAll(strings.Join(strings.Fields(cols), " "), ", ", ", t.")
+
+// arrayLiteral writes values as a PostgreSQL array literal: every element
+// double-quoted with backslashes and quotes escaped, bytea in hex form,
+// times in RFC 3339 with microseconds, nil as NULL.
+func arrayLiteral(values []any) any {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		var s string
+		switch v := v.(type) {
+		case nil:
+			b.WriteString("NULL")
+			continue
+		case string:
+			s = v
+		case []byte:
+			s = `\x` + hex.EncodeToString(v)
+		case time.Time:
+			s = v.UTC().Format("2006-01-02T15:04:05.999999Z07:00")
+		case int64:
+			s = strconv.FormatInt(v, 10)
+		case int:
+			s = strconv.Itoa(v)
+		default:
+			panic(fmt.Sprintf("postgres: no array element for %T", v))
+		}
+		b.WriteByte('"')
+		for _, r := range s {
+			if r == '"' || r == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteRune(r)
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
 }

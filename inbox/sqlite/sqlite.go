@@ -16,6 +16,7 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
+	"strings"
 	"time"
 
 	"github.com/inboxmill/inboxmill/inbox"
@@ -44,6 +45,8 @@ func (dialect) Capabilities() inbox.Capabilities {
 		PreferPrepare: true,
 		// Every client runs in the database's process, on its clock.
 		SharedClock: true,
+		// One writer at a time, whoever asks.
+		SingleWriter: true,
 		// No lock: SQLite serializes writers and its DDL is transactional,
 		// so a second process's migration transaction either waits and then
 		// sees the version applied, or fails on the version's primary key
@@ -316,4 +319,25 @@ WHERE (? = '' OR (scope = ? AND operation = ? AND "key" = ?))
 ORDER BY audit_id DESC LIMIT ?`,
 		inbox.ArgOperation, inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgAction, inbox.ArgAction,
 		inbox.ArgAuditID, inbox.ArgAuditID, inbox.ArgLimit)
+}
+
+// The statements over several records repeat one row's placeholders per
+// record.
+
+func (q queries) InsertMany(rows int) inbox.RowsQuery {
+	return inbox.RowsQuery{SQL: q.q(`INSERT INTO "{{table}}" (scope, operation, "key", payload_hash, status, attempt,
+	correlation_id, error, created_at, updated_at, expires_at)
+VALUES ` + strings.Repeat(`, (?, ?, ?, ?, ?, 1, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)`, max(rows, 1))[2:] + `
+ON CONFLICT (scope, operation, "key") DO NOTHING
+RETURNING scope, operation, "key"`).SQL,
+		RowArgs: []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgPayloadHash, inbox.ArgStatus,
+			inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt},
+		Returning: true}
+}
+
+// SelectMany is a plain read: once InsertMany ran, the transaction holds
+// the write lock and reads the latest data.
+func (q queries) SelectMany(rows int) inbox.RowsQuery {
+	cond := strings.Repeat(` OR (scope = ? AND operation = ? AND "key" = ?)`, max(rows, 1))[len(" OR "):]
+	return inbox.RowsQuery{SQL: q.q(`SELECT ` + cols + ` FROM "{{table}}" WHERE ` + cond).SQL, RowArgs: idArgs}
 }

@@ -36,7 +36,7 @@ func TestSmoke(t *testing.T) {
 			require.NoError(t, err, stdout.String())
 
 			bench, ratios := parseOutput(t, stdout.String())
-			want := []string{"plain", "plain_stmt", "inboxmill", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup",
+			want := []string{"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup",
 				"select_then_insert", "growth_empty", "growth_1k"}
 			for _, s := range want {
 				for _, w := range []string{"1", "2"} {
@@ -49,7 +49,7 @@ func TestSmoke(t *testing.T) {
 				require.Contains(t, bench, "sqlqueue_plain/1")
 				require.Contains(t, bench, "sqlqueue_inboxmill/1")
 			}
-			for _, r := range []string{"inboxmill_vs_plain", "one_statement_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "growth_p50_1k_vs_empty"} {
+			for _, r := range []string{"inboxmill_vs_plain", "group_vs_plain", "one_statement_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "growth_p50_1k_vs_empty"} {
 				for _, w := range []string{"1", "2"} {
 					require.Contains(t, ratios, r+"/"+w)
 				}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/mysql"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
@@ -99,12 +100,13 @@ type fixture struct {
 	effects string // the business table: one row per executed handler
 	insert  string // INSERT INTO effects (event_id, amount)
 	prepare inbox.Prepare
+	group   dedup.Group // inboxmill_group's settings
 }
 
 // newFixture opens a dedicated *sql.DB with conns connections and creates
 // the business table.
 func (b *bench) newFixture(ctx context.Context, d dialect, prefix string, conns int) (*fixture, error) {
-	f := &fixture{d: d, prepare: b.opts.prepare}
+	f := &fixture{d: d, prepare: b.opts.prepare, group: b.opts.group}
 	dsn := ""
 	if d.name == "sqlite" {
 		f.file = filepath.Join(b.sqliteDir, testdb.UniqueName(prefix)+".db")

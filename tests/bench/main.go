@@ -33,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
@@ -45,11 +46,11 @@ func main() {
 	}
 }
 
-// The scenarios, in the order they run. The first eight run per dialect and
+// The scenarios, in the order they run. The first nine run per dialect and
 // worker count; growth per dialect and inbox size; kafka per dialect with
 // one worker per partition; sqlqueue on PostgreSQL with one subscriber.
 var allScenarios = []string{
-	"plain", "plain_stmt", "inboxmill", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
+	"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
 	"growth", "kafka", "sqlqueue",
 }
 
@@ -65,6 +66,8 @@ type options struct {
 	cpuProfile   string
 	markdown     string
 	prepare      inbox.Prepare
+	// group is the group commit settings of inboxmill_group.
+	group dedup.Group
 }
 
 func (o options) has(scenario string) bool { return slices.Contains(o.scenarios, scenario) }
@@ -87,6 +90,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&sizes, "growth", "", "inbox sizes for growth, e.g. 0,1m,10m (default 0,1m,10m; 0,1m with --quick; 0,1k with --smoke)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.StringVar(&prepare, "prepare", "auto", "the stores' inbox.Config.Prepare: auto, always or never")
+	fs.IntVar(&o.group.Coordinators, "group-coordinators", 0, "inboxmill_group's dedup.Group.Coordinators (default: the library's)")
+	fs.IntVar(&o.group.MaxSize, "group-size", 0, "inboxmill_group's dedup.Group.MaxSize (default: the library's)")
+	fs.DurationVar(&o.group.MaxLinger, "group-linger", 0, "inboxmill_group's dedup.Group.MaxLinger (default: the library's)")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the results and ratios as Markdown tables to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -25,6 +25,8 @@ type plan struct {
 	// total distinct events were delivered; it fails when an effect was lost
 	// or doubled.
 	check func(ctx context.Context, total int) error
+	// note, when set, is logged after the check.
+	note func() string
 }
 
 type scenario struct {
@@ -42,6 +44,9 @@ var perDialect = []scenario{
 	{"inboxmill", func(ctx context.Context, f *fixture) (plan, error) {
 		return planInboxmill(ctx, f, false, dedup.ReadFirstAuto)
 	}},
+	// Group commit: deliveries in flight share one claim statement and
+	// one commit.
+	{"inboxmill_group", planGroup},
 	{"inboxmill_dup", func(ctx context.Context, f *fixture) (plan, error) {
 		return planInboxmill(ctx, f, true, dedup.ReadFirstAuto)
 	}},
@@ -84,6 +89,9 @@ func (b *bench) measureScenario(ctx context.Context, d dialect, s scenario, work
 	}
 	if err := p.check(ctx, len(warm)+len(msgs)); err != nil {
 		return result{}, fmt.Errorf("check: %w", err)
+	}
+	if p.note != nil {
+		b.logf("%s on %s with %d workers: %s", s.name, d.name, workers, p.note())
 	}
 	r.scenario, r.dialect = s.name, d.name
 	return r, nil
@@ -181,6 +189,29 @@ func planInboxmill(ctx context.Context, f *fixture, duplicates bool, readFirst d
 			return fmt.Errorf("middleware stats %+v, want %+v", st, want)
 		}
 		return f.expectRows(ctx, f.effects, total)
+	}}, nil
+}
+
+// planGroup is planInboxmill with group commit on (the settings of
+// --group-*, the library's defaults otherwise).
+func planGroup(ctx context.Context, f *fixture) (plan, error) {
+	store, err := f.newStore(ctx)
+	if err != nil {
+		return plan{}, err
+	}
+	g := f.group
+	d, err := dedup.New(store, dedupConfig(dedup.Transactional{Group: &g}))
+	if err != nil {
+		return plan{}, err
+	}
+	return plan{deliver: d.Middleware(f.inClaimTx), check: func(ctx context.Context, total int) error {
+		if st := d.Stats(); st != (dedup.Stats{Executed: uint64(total)}) {
+			return fmt.Errorf("middleware stats %+v, want %d executed", st, total)
+		}
+		return f.expectRows(ctx, f.effects, total)
+	}, note: func() string {
+		gs := d.GroupStats()
+		return fmt.Sprintf("%d groups, %.1f members each", gs.Groups, float64(gs.Members)/float64(max(gs.Groups, 1)))
 	}}, nil
 }
 

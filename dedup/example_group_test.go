@@ -1,0 +1,74 @@
+package dedup_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
+)
+
+// Group commit: deliveries handled at the same time share one claim
+// statement and one commit. Each call returns once its group committed;
+// the second delivery of ord-2 does not run the handler, whichever group
+// it lands in.
+func ExampleGroup() {
+	dir, _ := os.MkdirTemp("", "inboxmill-example")
+	defer os.RemoveAll(dir)
+	db, _ := sql.Open("sqlite", sqlite.DSN(filepath.Join(dir, "example.db")))
+	defer db.Close()
+	store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{})
+	if err != nil {
+		panic(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		panic(err)
+	}
+	_, _ = db.Exec(`CREATE TABLE shipments (order_id TEXT)`)
+
+	d, err := dedup.New(store, dedup.Config{
+		Key:       dedup.KeyFromMetadata("event_id"),
+		Operation: "ship_order",
+		Mode: dedup.Transactional{Group: &dedup.Group{
+			MaxSize:   32,
+			MaxLinger: 2 * time.Millisecond,
+		}},
+		Logger: watermill.NopLogger{},
+	})
+	if err != nil {
+		panic(err)
+	}
+	handler := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		// One member at a time uses the group's transaction.
+		tx, _ := dedup.TxFromContext(msg.Context())
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO shipments (order_id) VALUES (?)`, msg.Metadata.Get("event_id"))
+		return nil, err
+	})
+
+	var wg sync.WaitGroup
+	for _, id := range []string{"ord-1", "ord-2", "ord-3", "ord-2"} {
+		wg.Go(func() {
+			msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"`+id+`"}`))
+			msg.Metadata.Set("event_id", id)
+			if _, err := handler(msg); err != nil {
+				fmt.Println("nacked:", err)
+			}
+		})
+	}
+	wg.Wait()
+
+	var shipments int
+	_ = db.QueryRow(`SELECT COUNT(*) FROM shipments`).Scan(&shipments)
+	st := d.Stats()
+	fmt.Printf("shipments: %d, executed: %d, duplicates: %d\n", shipments, st.Executed, st.Duplicates)
+	// Output: shipments: 3, executed: 3, duplicates: 1
+}

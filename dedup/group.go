@@ -1,0 +1,566 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// Group turns on group commit in transactional mode
+// (Transactional.Group): deliveries handled at the same time share one
+// transaction. A group claims every member's key with one statement,
+// runs the claimed members' handlers one after the other in the shared
+// transaction, stores their outputs and commits once; then each member's
+// middleware call returns, so the router acks only committed work.
+// Duplicates of committed records and payload conflicts are answered as
+// soon as the claim has read them, without waiting for the commit.
+//
+// A member whose handler fails or panics is nacked alone: the group's
+// transaction is rolled back and the group runs again without it, so the
+// other members' handlers run a second time from a clean state (their
+// writes in the first run were rolled back). A commit that fails, or
+// whose outcome is unknown (a lost connection), nacks every member that
+// was waiting for it; their redeliveries find out what was recorded.
+//
+// What it requires of handlers: the transaction is shared, so a handler
+// must not use it from another goroutine, nor keep it busy for long — a
+// slow handler delays every member of its group. Its effects must live in
+// the transaction (as in transactional mode without groups), since a
+// member's handler may run again when another member fails.
+//
+// What it costs: a delivery may wait up to MaxLinger for others to join,
+// but only while the middleware is handling deliveries that have not
+// joined yet; a delivery alone in flight starts at once. Then it waits for
+// the handlers of the members before it and for the commit. A member
+// whose context ends before its group begins is nacked without running.
+//
+// Differences from ungrouped deliveries: ReadFirst is not used (the claim
+// is shared already); a second member of a key with another payload than
+// the first's uncommitted claim is answered as a conflict at once; the
+// trace of a grouped delivery has its delivery span only, not the claim,
+// handler and commit phases, which the group shares.
+type Group struct {
+	// MaxSize is the most deliveries one group takes. Defaults to
+	// DefaultGroupMaxSize (64); at most inbox.MaxClaimMany.
+	MaxSize int
+
+	// MaxLinger bounds how long a forming group waits for deliveries in
+	// flight to join it. It stops waiting as soon as every delivery the
+	// middleware is handling has joined (or the group is full), so a lone
+	// delivery pays no linger. Defaults to DefaultGroupLinger (2 ms); -1
+	// never waits: a group is whoever joined while the previous groups
+	// kept the coordinators busy.
+	MaxLinger time.Duration
+
+	// Coordinators is how many groups run at once, each in a transaction
+	// (and on a connection) of its own. Deliveries that arrive while every
+	// coordinator is busy join the next group: fewer coordinators make
+	// larger groups, more keep more commits in flight. Defaults to
+	// DefaultGroupCoordinators (4), and to 1 where the database has one
+	// writer at a time (inbox.Capabilities.SingleWriter: SQLite).
+	Coordinators int
+}
+
+// Defaults of Group's settings.
+const (
+	DefaultGroupMaxSize      = 64
+	DefaultGroupLinger       = 2 * time.Millisecond
+	DefaultGroupCoordinators = 4
+)
+
+func (g Group) withDefaults() Group {
+	if g.MaxSize == 0 {
+		g.MaxSize = DefaultGroupMaxSize
+	}
+	if g.MaxLinger == 0 {
+		g.MaxLinger = DefaultGroupLinger
+	}
+	return g // Coordinators: newGrouper, which knows the database
+}
+
+func (g Group) validate() []error {
+	var errs []error
+	if g.MaxSize < 0 || g.MaxSize > inbox.MaxClaimMany {
+		errs = append(errs, fmt.Errorf("%w: Group.MaxSize %d is not between 1 and %d", ErrInvalidConfig, g.MaxSize, inbox.MaxClaimMany))
+	}
+	if g.MaxLinger < -1 {
+		errs = append(errs, fmt.Errorf("%w: Group.MaxLinger %v is negative (use -1 not to linger)", ErrInvalidConfig, g.MaxLinger))
+	}
+	if g.Coordinators < 0 {
+		errs = append(errs, fmt.Errorf("%w: Group.Coordinators %d is negative", ErrInvalidConfig, g.Coordinators))
+	}
+	return errs
+}
+
+// grouper forms the groups of one Deduplicator. The first member of a
+// group (its leader) runs it in its own call, and hands it to a goroutine
+// of its own, which ends with the group, once the leader has its result.
+type grouper struct {
+	d   *Deduplicator
+	cfg Group
+	sem chan struct{} // one slot per coordinator
+	// savepoints isolates each member's handler under a savepoint instead
+	// of rolling the group back when one fails. Off: it costs two round
+	// trips per member while rolling back costs nothing until a handler
+	// fails (see BenchmarkGroupFailures). Tests and benchmarks set it.
+	savepoints bool
+	mu         sync.Mutex
+	busy       int    // deliveries in the middleware (under mu)
+	held       int    // members of groups that no longer take members (under mu)
+	open       *group // the group taking members, if any (under mu)
+	// waiting counts members whose group has not begun (under mu).
+	waiting int
+	// groups and members count the group transactions begun and their
+	// members (under mu).
+	groups, members uint64
+}
+
+// GroupStats describe the groups of a Deduplicator with group commit.
+type GroupStats struct {
+	// Waiting is the number of deliveries in groups that have not begun
+	// their transaction yet (forming, lingering or waiting for a
+	// coordinator).
+	Waiting int
+	// Groups counts the group transactions begun so far, a group run
+	// again without a failed member counting again; Members counts their
+	// members. Members / Groups is the mean group size.
+	Groups, Members uint64
+}
+
+// GroupStats returns the group commit counts so far; all zero without
+// group commit.
+func (d *Deduplicator) GroupStats() GroupStats {
+	if d.grp == nil {
+		return GroupStats{}
+	}
+	g := d.grp
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return GroupStats{Waiting: g.waiting, Groups: g.groups, Members: g.members}
+}
+
+type group struct {
+	members []*member
+	kick    chan struct{} // a member joined or a delivery left
+}
+
+// member is one delivery in a group.
+type member struct {
+	msg  *message.Message
+	ctx  context.Context
+	h    message.HandlerFunc
+	id   identity
+	done chan struct{}
+	// Set before done is closed.
+	out     []*message.Message
+	outcome Outcome
+	err     error
+	// The group's working state, owned by its leader.
+	rec     *inbox.Record
+	enc     []byte
+	follows *member // the member of the same key that claimed it
+}
+
+func newGrouper(d *Deduplicator, cfg Group) *grouper {
+	if cfg.Coordinators == 0 {
+		cfg.Coordinators = DefaultGroupCoordinators
+		if d.store.Dialect().Capabilities().SingleWriter {
+			cfg.Coordinators = 1
+		}
+	}
+	return &grouper{d: d, cfg: cfg, sem: make(chan struct{}, cfg.Coordinators)}
+}
+
+// enter and leave count the deliveries in the middleware: a forming
+// group waits for those that have not joined it yet.
+func (g *grouper) enter() {
+	g.mu.Lock()
+	g.busy++
+	g.mu.Unlock()
+}
+
+func (g *grouper) leave() {
+	g.mu.Lock()
+	g.busy--
+	if g.open != nil {
+		kick(g.open)
+	}
+	g.mu.Unlock()
+}
+
+func kick(gr *group) {
+	select {
+	case gr.kick <- struct{}{}:
+	default:
+	}
+}
+
+// do runs one delivery as a member of a group and returns its result.
+func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) ([]*message.Message, Outcome, error) {
+	m := &member{msg: msg, ctx: msg.Context(), h: h, id: id, done: make(chan struct{})}
+	g.mu.Lock()
+	gr, lead := g.open, false
+	if gr == nil {
+		gr, lead = &group{kick: make(chan struct{}, 1)}, true
+		g.open = gr
+	}
+	gr.members = append(gr.members, m)
+	g.waiting++
+	if len(gr.members) >= g.cfg.MaxSize {
+		g.seal(gr)
+	}
+	kick(gr)
+	g.mu.Unlock()
+	if lead {
+		// In a goroutine of its own, so that the leader's delivery, too,
+		// returns as soon as it has its result (a duplicate, a failure)
+		// rather than when the group is done.
+		go g.lead(gr)
+	}
+	<-m.done
+	g.mu.Lock()
+	g.held--
+	g.mu.Unlock()
+	var pe *PermanentError
+	if errors.As(m.err, &pe) {
+		return g.d.recordPermanent(m.ctx, msg, id, pe, m.err)
+	}
+	return m.out, m.outcome, m.err
+}
+
+// seal stops gr taking members; g.mu is held.
+func (g *grouper) seal(gr *group) {
+	if g.open == gr {
+		g.open = nil
+		g.held += len(gr.members)
+	}
+}
+
+// lead waits for a coordinator, lets the group fill while it lingers, and
+// drives it.
+func (g *grouper) lead(gr *group) {
+	g.sem <- struct{}{} // freed by drive
+	var expired <-chan time.Time
+	if g.cfg.MaxLinger > 0 {
+		t := time.NewTimer(g.cfg.MaxLinger)
+		defer t.Stop()
+		expired = t.C
+	}
+	for {
+		g.mu.Lock()
+		if g.open != gr || len(gr.members) >= g.busy-g.held || expired == nil {
+			g.seal(gr)
+			g.mu.Unlock()
+			break
+		}
+		g.mu.Unlock()
+		select {
+		case <-gr.kick:
+		case <-expired:
+			expired = nil
+		}
+	}
+	members := gr.members // sealed: nobody appends any more
+	g.mu.Lock()
+	g.waiting -= len(members)
+	g.mu.Unlock()
+	g.drive(&groupRun{members: members, ctx: context.WithoutCancel(members[0].ctx), tries: 1}, true)
+}
+
+// groupRun is a group's progress: its members, its tries, and the try
+// between its claim and its commit.
+type groupRun struct {
+	members []*member
+	// The group's statements outlive any one member's context: a member
+	// whose context ends is released, the others go on.
+	ctx   context.Context
+	tries int
+	cur   *try // claimed, handlers not run yet; nil before a claim
+}
+
+// try is one try of a group in one transaction, once it has claimed.
+type try struct {
+	tx           *inbox.Tx
+	run, waiting []*member
+}
+
+// drive runs r's steps until every member is released, then frees the
+// coordinator. The leader drives in its own call (inline), which costs no
+// goroutine switch; once the leader has its result (a duplicate, a
+// conflict, its own failure) while others wait, the rest of the work moves
+// to a goroutine, so that the leader's delivery returns at once too.
+func (g *grouper) drive(r *groupRun, inline bool) {
+	handedOff := false
+	defer func() {
+		if handedOff {
+			return
+		}
+		// A bug must neither leave members waiting forever nor take the
+		// process down from a goroutine no recoverer watches: each
+		// member's delivery fails with it instead.
+		if rec := recover(); rec != nil {
+			if r.cur != nil {
+				_ = r.cur.tx.Rollback()
+			}
+			err := &PanicError{Value: fmt.Sprintf("dedup: group commit: %v", rec), Stack: string(debug.Stack())}
+			for _, m := range r.members {
+				g.release(m, nil, OutcomeRetry, err)
+			}
+		}
+		<-g.sem
+	}()
+	for g.step(r) {
+		if inline && released(r.members[0]) {
+			handedOff = true
+			go g.drive(r, false)
+			return
+		}
+	}
+}
+
+// release hands m its result; later calls for m do nothing.
+func (g *grouper) release(m *member, out []*message.Message, o Outcome, err error) {
+	select {
+	case <-m.done:
+		return
+	default:
+	}
+	m.out, m.outcome, m.err = out, o, err
+	close(m.done)
+}
+
+func released(m *member) bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// step does the group's next piece of work: a claim, or the handlers and
+// the commit of the try that claimed. It reports whether work remains:
+// another try without a member whose handler failed, or from the start
+// after a transient failure before any handler ran.
+func (g *grouper) step(r *groupRun) bool {
+	if t := r.cur; t != nil {
+		r.cur = nil
+		return g.finish(r.ctx, t)
+	}
+	var live []*member
+	for _, m := range r.members {
+		if released(m) {
+			continue
+		}
+		if err := m.ctx.Err(); err != nil {
+			g.release(m, nil, OutcomeRetry, err)
+			continue
+		}
+		m.rec, m.enc, m.follows = nil, nil, nil
+		live = append(live, m)
+	}
+	if len(live) == 0 {
+		return false
+	}
+	g.mu.Lock()
+	g.groups++
+	g.members += uint64(len(live))
+	g.mu.Unlock()
+	t, transient := g.claimTry(r.ctx, live)
+	if transient != nil {
+		r.tries++
+		if r.tries <= g.d.tx.ClaimAttempts {
+			return true
+		}
+		for _, m := range live {
+			g.release(m, nil, OutcomeRetry, transient)
+		}
+		return false
+	}
+	r.cur = t
+	return t != nil
+}
+
+// fail releases every member of ms with err.
+func (g *grouper) fail(ms []*member, err error) {
+	for _, m := range ms {
+		g.release(m, nil, OutcomeRetry, err)
+	}
+}
+
+// claimTry begins a try of the live members and claims their keys,
+// answering at once those that need no commit. It returns the try with
+// the members that claimed (nil when none did: every member was
+// answered), or transient, a retryable failure with every member still
+// waiting.
+func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transient error) {
+	d := g.d
+	tx, err := d.store.BeginTx(ctx, d.tx.TxOptions)
+	if err != nil {
+		err = fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
+		if inbox.IsRetryable(err) {
+			return nil, err
+		}
+		g.fail(live, err)
+		return nil, nil
+	}
+	rollback := func() { _ = tx.Rollback() }
+
+	ps := make([]inbox.ClaimParams, len(live))
+	for i, m := range live {
+		ps[i] = inbox.ClaimParams{ID: m.id.ID, PayloadHash: m.id.hash, Status: inbox.StatusCompleted,
+			CorrelationID: correlationID(m.msg), Retention: d.retention()}
+	}
+	start := time.Now()
+	res, err := g.claim(ctx, tx, ps)
+	took := time.Since(start)
+	if err != nil {
+		rollback()
+		if inbox.IsRetryable(err) {
+			return nil, err
+		}
+		g.fail(live, err)
+		return nil, nil
+	}
+	claimedBy := map[*inbox.Record]*member{}
+	var run, waiting []*member
+	for i, m := range live {
+		d.metrics.observeClaim(m.id.Operation, took)
+		r := res[i]
+		switch {
+		case errors.Is(r.Err, ErrPayloadConflict):
+			g.release(m, nil, OutcomeConflict, r.Err)
+		case r.Err != nil:
+			g.release(m, nil, OutcomeRetry, r.Err)
+		case r.Claimed:
+			m.rec = r.Record
+			claimedBy[r.Record] = m
+			run = append(run, m)
+		}
+	}
+	for i, m := range live {
+		r := res[i]
+		if r.Err != nil || r.Claimed {
+			continue
+		}
+		if first := claimedBy[r.Record]; first != nil {
+			// The same key as a member that claimed it: not committed yet,
+			// so it waits for the commit and replays its output.
+			m.follows = first
+			waiting = append(waiting, m)
+			continue
+		}
+		// A committed record: answered now.
+		out, outcome, err := d.replay(r.Record)
+		g.release(m, out, outcome, err)
+	}
+	if len(run) == 0 {
+		rollback()
+		return nil, nil
+	}
+	return &try{tx: tx, run: run, waiting: waiting}, nil
+}
+
+// finish runs the handlers of t's members one after the other, stores
+// their outputs and commits, then releases them and the members waiting
+// for them. It reports whether the group must run again: a member failed
+// and was released, the others were rolled back.
+func (g *grouper) finish(ctx context.Context, t *try) (again bool) {
+	d, tx, run, waiting := g.d, t.tx, t.run, t.waiting
+	rollback := func() { _ = tx.Rollback() }
+	ok := run[:0:0]
+	for _, m := range run {
+		var out []*message.Message
+		step := func() error {
+			var err error
+			out, err = d.run(m.ctx, tx.Tx, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
+			if err == nil && len(out) > 0 {
+				// Inserted as completed without a result: only members
+				// that produce messages pay for this statement.
+				if m.enc, err = encodeMessages(out); err == nil {
+					if err = d.store.SaveOutput(ctx, tx, m.rec, m.enc); err != nil {
+						err = fmt.Errorf("dedup: store output: %w", err)
+					}
+				}
+			}
+			return err
+		}
+		if g.savepoints {
+			err := d.store.WithSavepoint(ctx, tx, step)
+			if err != nil && !errors.Is(err, inbox.ErrTxAborted) {
+				// Undone alone; the group goes on without it.
+				err = d.classifyHandlerErr(m.ctx, tx.Tx, err)
+				g.release(m, nil, handlerOutcome(err), err)
+				continue
+			}
+			if err != nil {
+				rollback()
+				g.release(m, nil, OutcomeRetry, err)
+				return true
+			}
+		} else if err := step(); err != nil {
+			// Roll the group back and run it again without this member:
+			// nothing is recorded for it, and its redelivery runs clean.
+			err = d.classifyHandlerErr(m.ctx, tx.Tx, err)
+			rollback()
+			g.release(m, nil, handlerOutcome(err), err)
+			return true
+		}
+		m.out = out
+		ok = append(ok, m)
+	}
+	run = ok
+	if len(run) == 0 {
+		rollback()
+		return true // the waiting members, if any, claim again
+	}
+	if err := tx.Commit(); err != nil {
+		// Nothing was recorded, or the connection broke and nobody knows:
+		// either way the redeliveries' claims find the truth.
+		err = fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+		g.fail(run, err)
+		g.fail(waiting, err)
+		return false
+	}
+	for _, m := range run {
+		g.release(m, m.out, OutcomeExecuted, nil)
+	}
+	for _, m := range waiting {
+		if released(m.follows) && m.follows.outcome != OutcomeExecuted {
+			// Its first member failed under a savepoint: not committed.
+			g.release(m, nil, OutcomeInFlight, fmt.Errorf("%w (in the same group, and it failed)", ErrInFlight))
+			continue
+		}
+		out, err := decodeMessages(m.follows.enc)
+		if err != nil {
+			out = nil
+		}
+		g.release(m, out, OutcomeDuplicate, nil)
+	}
+	return false
+}
+
+// claim claims the members' keys: with the single-row claim when the
+// group has one member, which is cheaper than any statement over several
+// records (and prepared where the store prepares), with one ClaimMany
+// otherwise.
+func (g *grouper) claim(ctx context.Context, tx *inbox.Tx, ps []inbox.ClaimParams) ([]inbox.ClaimResult, error) {
+	if len(ps) != 1 {
+		return g.d.store.ClaimMany(ctx, tx, ps)
+	}
+	r, err := g.d.store.Claim(ctx, tx, ps[0])
+	if errors.Is(err, ErrPayloadConflict) {
+		r.Err, err = err, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return []inbox.ClaimResult{r}, nil
+}
