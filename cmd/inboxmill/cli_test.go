@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"os"
 	"path/filepath"
 	"strings"
@@ -240,4 +241,39 @@ func TestEnvironment(t *testing.T) {
 	code, stdout, _ = runEnv("stats", "--help")
 	require.Equal(t, exitOK, code)
 	require.NotContains(t, stdout, "s3cret")
+}
+
+// TestSQLiteReadCommandsChangeNothing: the read commands open an existing
+// SQLite file read-only: its journal mode is left as it was (the store's
+// own DSN would switch a rollback-journal file to WAL for good), and the
+// file is not written.
+func TestSQLiteReadCommandsChangeNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	r := runCmd(t, "migrate", "--dsn", path)
+	require.Equal(t, exitOK, r.code, r.String())
+	db, err := sql.Open("sqlite", "file:"+path)
+	require.NoError(t, err)
+	_, err = db.Exec("PRAGMA journal_mode=DELETE")
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	for _, args := range [][]string{
+		{"stats"}, {"list"}, {"audit"}, {"migrate", "status"}, {"migrate", "validate"},
+	} {
+		r := runCmd(t, append(args, "--dsn", path)...)
+		require.Equal(t, exitOK, r.code, "%v: %s", args, r)
+	}
+	r = runCmd(t, "inspect", "--operation", "op", "--key", "k", "--dsn", path)
+	require.Contains(t, r.stderr, "no record in table inbox", "the read itself worked")
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "a read command wrote to the file")
+	db, err = sql.Open("sqlite", "file:"+path)
+	require.NoError(t, err)
+	defer db.Close()
+	var mode string
+	require.NoError(t, db.QueryRow("PRAGMA journal_mode").Scan(&mode))
+	require.Equal(t, "delete", mode)
 }

@@ -212,7 +212,16 @@ const (
 	existing access = iota
 	// mayCreate: migrate up, which creates an SQLite file.
 	mayCreate
+	// readOnly: as existing, and an SQLite file is opened read-only,
+	// without the pragmas that would change it (its journal mode), so that
+	// looking at an inbox leaves the file as it was.
+	readOnly
 )
+
+// readOnlySQLite returns the driver DSN that opens path read-only.
+func readOnlySQLite(path string) string {
+	return "file:" + path + "?mode=ro&_pragma=busy_timeout(10000)"
+}
 
 // inboxDB is an open inbox: the database, its store, and how to name it.
 type inboxDB struct {
@@ -234,13 +243,17 @@ func openInbox(ctx context.Context, f dbFlags, a access, schemaCheck bool) (*inb
 	if err != nil {
 		return nil, usageErr(err)
 	}
-	if t.dialect == "sqlite" && t.sqlitePath != "" && a == existing {
+	if t.dialect == "sqlite" && t.sqlitePath != "" && a != mayCreate {
 		if _, err := os.Stat(t.sqlitePath); errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("no SQLite database at %s: check --dsn, or create it with `inboxmill migrate --dsn %s`",
 				t.sqlitePath, shellQuote(f.dsn))
 		} else if err != nil {
 			return nil, fmt.Errorf("the SQLite database %s: %w", t.sqlitePath, err)
 		}
+	}
+	if t.dialect == "sqlite" && t.sqlitePath != "" && a == readOnly && !strings.HasPrefix(f.dsn, "file:") {
+		// A file: URI is used as written; a path is opened read-only.
+		t.dsn = readOnlySQLite(t.sqlitePath)
 	}
 	d := dialects[t.dialect]
 	db, err := sql.Open(d.driver, t.dsn)

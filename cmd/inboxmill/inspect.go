@@ -38,7 +38,7 @@ or forget it. Finding a record by digest scans the key columns (with
 				return err
 			}
 			ctx := cmd.Context()
-			i, err := openInbox(ctx, a.db, existing, true)
+			i, err := openInbox(ctx, a.db, readOnly, true)
 			if err != nil {
 				return err
 			}

@@ -45,7 +45,7 @@ terminal would interpret).`,
 				return usageErr(fmt.Errorf("--limit %d: want 1 to 1000", f.Limit))
 			}
 			ctx := cmd.Context()
-			i, err := openInbox(ctx, a.db, existing, true)
+			i, err := openInbox(ctx, a.db, readOnly, true)
 			if err != nil {
 				return err
 			}

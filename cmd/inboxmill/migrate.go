@@ -88,7 +88,7 @@ down SQL instead and connects to nothing.`,
 		Short: "Exit 0 when the schema is the one this inboxmill knows, 1 with what to do when not",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			i, err := openInbox(cmd.Context(), a.db, existing, true)
+			i, err := openInbox(cmd.Context(), a.db, readOnly, true)
 			if err != nil {
 				return err
 			}
@@ -224,7 +224,7 @@ func (a *app) migrateDown(cmd *cobra.Command, to int, yes bool) error {
 
 func (a *app) migrateStatus(cmd *cobra.Command, _ []string) error {
 	ctx := cmd.Context()
-	i, err := openInbox(ctx, a.db, existing, false)
+	i, err := openInbox(ctx, a.db, readOnly, false)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ type item struct {
 // dryRun reads the range and reports what a replay would do.
 func (a *app) dryRun(ctx context.Context, o options) error {
 	stdout, stderr := a.stdout, a.stderr
-	i, err := openInbox(ctx, a.db, existing, true)
+	i, err := openInbox(ctx, a.db, readOnly, true)
 	if err != nil {
 		return err
 	}

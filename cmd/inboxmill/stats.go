@@ -26,7 +26,7 @@ expires_at, waiting for a purge.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			i, err := openInbox(ctx, a.db, existing, true)
+			i, err := openInbox(ctx, a.db, readOnly, true)
 			if err != nil {
 				return err
 			}
