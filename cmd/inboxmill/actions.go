@@ -77,26 +77,13 @@ the reason are written to the audit trail in the transaction of the change.
 			default:
 				errs = append(errs, fmt.Errorf("--to %q: want completed or failed (to run it again, use inboxmill forget)", to))
 			}
-			if p.Attempt < 0 {
-				errs = append(errs, fmt.Errorf("--attempt %d: want the attempt inspect showed, or 0 for the current one", p.Attempt))
-			}
-			actor, err := a.actorOf(act)
-			if err != nil {
-				errs = append(errs, err)
-			}
-			if err := errors.Join(errs...); err != nil {
-				return usageErr(err)
-			}
-			p.Actor, p.DryRun = actor, dryRun
 			ctx := cmd.Context()
-			i, err := openInbox(ctx, a.db, existing, true)
+			i, rid, actor, err := a.startAction(ctx, errs, &id, act, p.Attempt)
 			if err != nil {
 				return err
 			}
 			defer i.Close()
-			if p.ID, err = a.recordID(ctx, i, &id); err != nil {
-				return err
-			}
+			p.ID, p.Actor, p.DryRun = rid, actor, dryRun
 			before, after, err := i.store.Resolve(ctx, p)
 			if err != nil {
 				return a.refusal(ctx, i, "resolve", p.ID, p.Attempt, err)
@@ -152,26 +139,13 @@ changes nothing.`,
 			if err := id.check(cmd); err != nil {
 				errs = append(errs, err)
 			}
-			if p.Attempt < 0 {
-				errs = append(errs, fmt.Errorf("--attempt %d: want the attempt inspect showed, or 0 for the current one", p.Attempt))
-			}
-			actor, err := a.actorOf(act)
-			if err != nil {
-				errs = append(errs, err)
-			}
-			if err := errors.Join(errs...); err != nil {
-				return usageErr(err)
-			}
-			p.Actor, p.DryRun = actor, dryRun
 			ctx := cmd.Context()
-			i, err := openInbox(ctx, a.db, existing, true)
+			i, rid, actor, err := a.startAction(ctx, errs, &id, act, p.Attempt)
 			if err != nil {
 				return err
 			}
 			defer i.Close()
-			if p.ID, err = a.recordID(ctx, i, &id); err != nil {
-				return err
-			}
+			p.ID, p.Actor, p.DryRun = rid, actor, dryRun
 			rec, err := i.store.Forget(ctx, p)
 			if err != nil {
 				return a.refusal(ctx, i, "forget", p.ID, p.Attempt, err)
@@ -192,6 +166,35 @@ changes nothing.`,
 	cmd.Flags().Int64Var(&p.Attempt, "attempt", 0, "the attempt you inspected: refused if the record moved on since (default the current one)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be deleted, change nothing, write no audit entry")
 	return cmd
+}
+
+// startAction does what resolve and forget share before they act: it
+// adds the checks of --attempt and the actor to the usage errors found so
+// far (errs), and reports them all at once; then it opens the inbox and
+// finds the record's ID. The caller closes the inbox.
+func (a *app) startAction(ctx context.Context, errs []error, id *idFlags, act actorFlags, attempt int64) (
+	*inboxDB, inbox.ID, inbox.Actor, error,
+) {
+	if attempt < 0 {
+		errs = append(errs, fmt.Errorf("--attempt %d: want the attempt inspect showed, or 0 for the current one", attempt))
+	}
+	actor, err := a.actorOf(act)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, inbox.ID{}, inbox.Actor{}, usageErr(err)
+	}
+	i, err := openInbox(ctx, a.db, existing, true)
+	if err != nil {
+		return nil, inbox.ID{}, inbox.Actor{}, err
+	}
+	rid, err := a.recordID(ctx, i, id)
+	if err != nil {
+		i.Close()
+		return nil, inbox.ID{}, inbox.Actor{}, err
+	}
+	return i, rid, actor, nil
 }
 
 // recordID resolves the flags to an ID: a digest is looked up first.
