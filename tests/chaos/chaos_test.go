@@ -1,7 +1,7 @@
 // Package chaos_test runs the fault-injection suite (scripts/chaos.sh) in a
 // smoke configuration: a few hundred events, two consumer processes per
-// mode, a kill, a database connection cut and a restart each, and one
-// broker restart. The test
+// mode (kafka-group included), a kill, a database connection cut and a
+// restart each, and no broker restart (see TestSmoke). The test
 // binary plays every part: it re-executes itself as the broker and the
 // consumers, so under -race the consumers are checked for data races too.
 package chaos_test
@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -40,6 +41,8 @@ func TestMain(m *testing.M) {
 }
 
 var chaosLine = regexp.MustCompile(`^CHAOS events=(\d+) effects=(\d+) duplicated_effects=0 lost=0 conflicts_routed=(\d+) kills=(\d+) db_cuts=(\d+) broker_restarts=0 seed=7 linearizable=true$`)
+
+var groupLine = regexp.MustCompile(`^MODE \S+/kafka-group .* members_per_group=([0-9.]+) `)
 
 func TestSmoke(t *testing.T) {
 	// Each skips, or fails with CI set, when its database does not answer.
@@ -78,11 +81,18 @@ func TestSmoke(t *testing.T) {
 	require.Equal(t, tot.Events, tot.Effects)
 	require.Positive(t, tot.ConflictsRouted)
 	require.True(t, tot.Linearizable, "porcupine's verdict on the history")
-	require.GreaterOrEqual(t, tot.Kills, 6, "each mode's consumers were killed at least once")
+	require.GreaterOrEqual(t, tot.Kills, 8, "each mode's consumers were killed at least once")
 	for _, db := range []string{"postgres", "mysql"} {
-		for _, mode := range []string{"kafka-transactional", "kafka-reserve", "sql-queue"} {
+		for _, mode := range []string{"kafka-transactional", "kafka-reserve", "sql-queue", "kafka-group"} {
 			require.Contains(t, report, "MODE "+db+"/"+mode+" ")
 		}
+		// The driver fails the mode when no group had more than one
+		// member; the mean is on its MODE line.
+		m := groupLine.FindStringSubmatch(report[strings.Index(report, "MODE "+db+"/kafka-group "):])
+		require.NotNil(t, m, "the kafka-group MODE line on %s names the members per group", db)
+		mean, err := strconv.ParseFloat(m[1], 64)
+		require.NoError(t, err)
+		require.Greater(t, mean, 1.0, "members per group on %s", db)
 	}
 	requireNoRace(t, logs)
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -27,7 +28,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	partitions := fs.Int("partitions", 8, "partitions of every seeded topic")
-	topics := fs.String("topics", "", "comma-separated topics to create")
+	topics := fs.String("topics", "", "comma-separated topics to create, each name or name:partitions (-partitions when not given)")
 	port := fs.Int("port", 0, "port on 127.0.0.1 (0: any free port)")
 	dataDir := fs.String("data-dir", "", "keep the cluster's state (topics, records, groups' offsets) in this directory and reload it at start, so that a restarted broker has the data of the one before")
 	lifeline := fs.Bool("lifeline", false, "stop when stdin reaches EOF (the process that started this one is gone)")
@@ -45,7 +46,18 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		opts = append(opts, kfake.DataDir(*dataDir))
 	}
 	if *topics != "" {
-		opts = append(opts, kfake.SeedTopics(int32(*partitions), strings.Split(*topics, ",")...))
+		for _, t := range strings.Split(*topics, ",") {
+			n := *partitions
+			if name, count, ok := strings.Cut(t, ":"); ok {
+				var err error
+				if n, err = strconv.Atoi(count); err != nil || n < 1 {
+					fmt.Fprintf(stderr, "broker: -topics %q: want name:partitions with a positive count\n", t)
+					return 2
+				}
+				t = name
+			}
+			opts = append(opts, kfake.SeedTopics(int32(n), t))
+		}
 	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {

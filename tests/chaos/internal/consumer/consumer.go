@@ -49,6 +49,10 @@ const (
 	staleAfter = 3 * lease / 2
 )
 
+// groupCoordinators is how many groups a kafka-group consumer runs at once
+// (dedup.Group.Coordinators), each on a connection of its own: below -pool.
+const groupCoordinators = 2
+
 type config struct {
 	mode, db, dsn, app, name            string
 	brokers, topic, group, poisonTopic  string
@@ -90,7 +94,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	var errs []error
 	switch c.mode {
-	case wire.KafkaTx, wire.KafkaReserve, wire.SQLQueue:
+	case wire.KafkaTx, wire.KafkaReserve, wire.SQLQueue, wire.KafkaGroup:
 	default:
 		errs = append(errs, fmt.Errorf("-mode %q is not one of %s", c.mode, strings.Join(wire.Modes, ", ")))
 	}
@@ -226,8 +230,11 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 	}
 	defer hist.close()
 	ks := &killSwitch{point: cfg.dieAt, after: int64(cfg.dieAfter), out: out, hist: hist}
+	if cfg.mode == wire.KafkaGroup {
+		ks.grouped = &groupTxs{}
+	}
 	switch cfg.mode {
-	case wire.KafkaTx, wire.KafkaReserve:
+	case wire.KafkaTx, wire.KafkaReserve, wire.KafkaGroup:
 		sub, err = kafka.NewSubscriber(kafka.SubscriberConfig{
 			Brokers:               brokers,
 			Unmarshaler:           kafka.DefaultMarshaler{},
@@ -236,6 +243,13 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 			NackResendSleep:       20 * time.Millisecond,
 			ReconnectRetrySleep:   200 * time.Millisecond,
 		}, logger)
+		if cfg.mode == wire.KafkaGroup {
+			// Two coordinators for the deliveries of the consumer's
+			// partitions (wire.GroupPartitions spread over its group):
+			// fewer coordinators than deliveries in flight make groups
+			// of several members.
+			dcfg.Mode = dedup.Transactional{Group: &dedup.Group{Coordinators: groupCoordinators}}
+		}
 	case wire.SQLQueue:
 		// SubscribeBatchSize 1: the queue acks everything it fetched in one
 		// transaction. A short AckDeadline: when the consuming transaction's
@@ -313,9 +327,10 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 	out.println(wire.LineReady)
 
 	report := func() {
-		s := d.Stats()
+		s, g := d.Stats(), d.GroupStats()
 		out.println(wire.LineStats, wire.Stats{Executed: s.Executed, Duplicates: s.Duplicates, Conflicts: s.Conflicts,
-			InFlight: s.InFlight, Retries: s.Retries, Pending: s.Pending, Takeovers: s.Takeovers}.String())
+			InFlight: s.InFlight, Retries: s.Retries, Pending: s.Pending, Takeovers: s.Takeovers,
+			Groups: g.Groups, Members: g.Members}.String())
 	}
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()

@@ -3,6 +3,7 @@ package consumer
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,14 +41,63 @@ func effectHandler(table, name string, placeholder func(int) string, ks *killSwi
 		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
 			return dedup.Permanent(err)
 		}
-		ranHandler(ctx)
+		ranHandler(ctx, tx)
 		ks.at(wire.AfterClaim)
 		if _, err := tx.ExecContext(ctx, insert, ev.EventID, ev.Amount, name); err != nil {
+			if ks.grouped != nil {
+				ks.grouped.failed(tx)
+			}
 			return err
 		}
-		ks.at(wire.MidHandler)
+		if ks.grouped == nil || ks.grouped.joins(tx) {
+			ks.at(wire.MidHandler)
+		}
 		return nil
 	}
+}
+
+// groupTxs follows the group transactions of group commit mode. The
+// handlers of a group run one after the other in its transaction, so a
+// transaction seen before holds another member's uncommitted effect; and a
+// handler that fails makes the middleware roll the group's transaction
+// back and run the group again without it, so the effects written in that
+// transaction are undone.
+type groupTxs struct {
+	mu             sync.Mutex
+	seen, rollback map[*sql.Tx]bool
+}
+
+// joins records a handler's run in tx and reports whether another
+// member's handler ran in it before.
+func (g *groupTxs) joins(tx *sql.Tx) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.seen[tx] {
+		return true
+	}
+	if g.seen == nil || len(g.seen) >= 4096 {
+		// Bounded: a transaction of long ago has ended.
+		g.seen = map[*sql.Tx]bool{}
+	}
+	g.seen[tx] = true
+	return false
+}
+
+// failed records that a handler failed in tx: the group rolls it back.
+func (g *groupTxs) failed(tx *sql.Tx) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rollback == nil || len(g.rollback) >= 4096 {
+		g.rollback = map[*sql.Tx]bool{}
+	}
+	g.rollback[tx] = true
+}
+
+// rolledBack reports whether tx was rolled back because a handler failed.
+func (g *groupTxs) rolledBack(tx *sql.Tx) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return tx != nil && g.rollback[tx]
 }
 
 // chargeHandler charges the event's amount at the provider, which does not
@@ -63,7 +114,7 @@ func chargeHandler(api *providerClient, ks *killSwitch) message.NoPublishHandler
 		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
 			return dedup.Permanent(err)
 		}
-		ranHandler(ctx)
+		ranHandler(ctx, nil)
 		ks.at(wire.AfterClaim)
 		if claim.Attempt > 1 {
 			// An earlier attempt may have charged before its worker died or
@@ -120,6 +171,11 @@ type killSwitch struct {
 	n     atomic.Int64
 	out   *lines
 	hist  *history
+	// grouped is set in group commit mode: MidHandler counts only the
+	// handlers that run after another member's in the same transaction,
+	// and a delivery whose last handler run was rolled back with its
+	// group's transaction records no commit. Nil: ungrouped.
+	grouped *groupTxs
 }
 
 func (k *killSwitch) at(point string) {
@@ -144,16 +200,18 @@ type deliveryKey struct{}
 // delivery is what the kill switch's middleware knows of one delivery.
 type delivery struct {
 	ran       atomic.Bool
+	lastTx    atomic.Pointer[sql.Tx] // of the handler's last run
 	start     time.Time
 	key, hash string
 	hist      *history
 }
 
-// ranHandler notes that the handler ran for this delivery, for AfterCommit,
-// and records the claim in the history.
-func ranHandler(ctx context.Context) {
+// ranHandler notes that the handler ran for this delivery, in tx (nil in
+// reserve mode), for AfterCommit, and records the claim in the history.
+func ranHandler(ctx context.Context, tx *sql.Tx) {
 	if d, ok := ctx.Value(deliveryKey{}).(*delivery); ok {
 		d.ran.Store(true)
+		d.lastTx.Store(tx)
 		d.hist.record(wire.OpClaim, d.key, d.hash, d.start)
 	}
 }
@@ -179,7 +237,11 @@ func (k *killSwitch) middleware(h message.HandlerFunc) message.HandlerFunc {
 		out, err := h(msg)
 		msg.SetContext(ctx)
 		if err == nil {
-			if d.ran.Load() {
+			// In a group, a member whose handler ran in a transaction
+			// rolled back (another member failed) and that then found the
+			// key committed by someone else returns success as a
+			// duplicate: it committed nothing.
+			if d.ran.Load() && (k.grouped == nil || !k.grouped.rolledBack(d.lastTx.Load())) {
 				k.hist.record(wire.OpCommit, d.key, d.hash, d.start)
 				k.at(wire.AfterCommit)
 			}

@@ -97,6 +97,12 @@ func (m *modeRun) check(ctx context.Context) {
 	if res.doubleCharged > 0 {
 		m.fail("the provider charged %d intents more than once", res.doubleCharged)
 	}
+	if m.mode == wire.KafkaGroup && res.stats.Members <= res.stats.Groups {
+		// As many members as groups: every group had one, and group
+		// commit was never tried on more than a single delivery.
+		m.fail("group commit: %d groups of %d members in all: no group of more than one member formed",
+			res.stats.Groups, res.stats.Members)
+	}
 }
 
 func (m *modeRun) checkEffects(ctx context.Context) error {
@@ -219,9 +225,13 @@ func (m *modeRun) checkPoison(ctx context.Context) error {
 // report prints the mode's summary lines.
 func (m *modeRun) report() {
 	res := m.res
-	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d took=%v",
+	grouped := ""
+	if m.mode == wire.KafkaGroup {
+		grouped = fmt.Sprintf(" members_per_group=%.2f", res.stats.MeanGroup())
+	}
+	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d%s took=%v",
 		m.label, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,
-		m.kills(), time.Since(m.started).Round(100*time.Millisecond))
+		m.kills(), grouped, time.Since(m.started).Round(100*time.Millisecond))
 	replay := fmt.Sprintf("a second consumer group from the oldest offset (%d consumers, started halfway)", m.replaySlots())
 	if !m.isKafka() {
 		replay = fmt.Sprintf("%d acked messages marked unacked halfway", m.replayed)
@@ -239,6 +249,10 @@ func (m *modeRun) report() {
 	}
 	m.r.printf("  %s: deliveries (as last reported by each process): %s; poison messages %d; inbox records %d (%d at attempt > 1)",
 		m.label, res.stats, res.poisonMessages, res.records, res.retried)
+	if m.mode == wire.KafkaGroup {
+		m.r.printf("  %s: group commit: %d group transactions, %d members, %.2f members per group (as last reported by each process; a group run again without a failed member counts again)",
+			m.label, res.stats.Groups, res.stats.Members, res.stats.MeanGroup())
+	}
 	if res.historyChecked {
 		h := res.history
 		m.r.printf("  %s: history: %d claims, %d commits, %d acks, %d effects over %d keys; linearizable=%t (checked in %v)",

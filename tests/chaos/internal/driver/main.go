@@ -28,14 +28,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	var (
-		quick     = fs.Bool("quick", false, "a short run for CI (3,000 events, both databases, 3 consumers per mode, modes in parallel, one broker restart)")
+		quick     = fs.Bool("quick", false, "a short run for CI (3,000 events, both databases, 3 consumers per mode, modes in parallel, two broker restarts)")
 		seed      = fs.Uint64("seed", 0, "seed of the stream, the fault plan and the provider (default: random, printed)")
 		events    = fs.Int("events", 0, "distinct events, split across the databases and modes (full: 100000)")
 		consumers = fs.Int("consumers", 0, "consumer processes per mode (full: 8)")
 		kills     = fs.Int("kills", 0, "SIGKILLs by the driver per mode (full: 20)")
 		dbKills   = fs.Int("db-kills", 0, "rounds of database connection cuts per mode: pg_terminate_backend, or KILL on MySQL (full: 6)")
 		restarts  = fs.Int("restarts", 0, "graceful restarts per mode (full: 3)")
-		brokerRe  = fs.Int("broker-restarts", 0, "broker restarts in the whole run, spread over the modes (quick: 1, full: 6)")
+		brokerRe  = fs.Int("broker-restarts", 0, "broker restarts in the whole run, spread over the modes (quick: 2, full: 8)")
 		selfKill  = fs.Float64("self-kill-share", 0, "share of consumer starts told to kill themselves at a point (0.5)")
 		modes     = fs.String("modes", "", "comma-separated modes (default: "+strings.Join(wire.Modes, ",")+")")
 		databases = fs.String("databases", "", "comma-separated databases to run every mode on (default: "+strings.Join(wire.Databases, ",")+")")

@@ -88,7 +88,7 @@ type modeRun struct {
 }
 
 var (
-	shortNames   = map[string]string{wire.KafkaTx: "ktx", wire.KafkaReserve: "krs", wire.SQLQueue: "sqq"}
+	shortNames   = map[string]string{wire.KafkaTx: "ktx", wire.KafkaReserve: "krs", wire.SQLQueue: "sqq", wire.KafkaGroup: "kgr"}
 	shortDBNames = map[string]string{wire.Postgres: "pg", wire.MySQL: "my"}
 )
 
@@ -110,11 +110,25 @@ func newModeRun(r *runner, db *database, mode string, events int) *modeRun {
 
 func (m *modeRun) isKafka() bool { return m.mode != wire.SQLQueue }
 
+// kafkaTopics are the topics the broker creates for the mode, as its
+// -topics flag takes them (name, or name:partitions).
 func (m *modeRun) kafkaTopics() []string {
 	if m.isKafka() {
-		return []string{m.topic, m.poisonTopic}
+		return []string{fmt.Sprintf("%s:%d", m.topic, m.partitions()), m.poisonTopic}
 	}
 	return []string{m.poisonTopic}
+}
+
+// partitions is the partition count of the mode's topic (1: the SQL
+// queue).
+func (m *modeRun) partitions() int32 {
+	switch m.mode {
+	case wire.SQLQueue:
+		return 1
+	case wire.KafkaGroup:
+		return wire.GroupPartitions
+	}
+	return brokerPartitions
 }
 
 func (m *modeRun) fail(format string, a ...any) {
@@ -134,11 +148,7 @@ func (m *modeRun) kills() int {
 // run runs the mode to its end; failures are recorded on m.
 func (m *modeRun) run(ctx context.Context) {
 	m.started = time.Now()
-	partitions := int32(brokerPartitions)
-	if !m.isKafka() {
-		partitions = 1
-	}
-	m.st = newStream(m.rng, m.events, partitions)
+	m.st = newStream(m.rng, m.events, m.partitions())
 	m.planFaults()
 	defer m.teardown()
 	if err := os.MkdirAll(m.historyDir(), 0o755); err != nil {
@@ -521,7 +531,7 @@ func (m *modeRun) startConsumer(s *slot) {
 		"-pool", fmt.Sprint(pool), "-lifeline",
 		"-history", filepath.Join(m.historyDir(), strings.NewReplacer("/", "_", "#", "_").Replace(name)+".jsonl")}
 	switch m.mode {
-	case wire.KafkaTx:
+	case wire.KafkaTx, wire.KafkaGroup:
 		args = append(args, "-topic", m.topic, "-group", s.group, "-effects-table", m.effectsTable)
 	case wire.KafkaReserve:
 		args = append(args, "-topic", m.topic, "-group", s.group, "-provider", m.prov.url)

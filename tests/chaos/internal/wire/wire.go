@@ -26,10 +26,21 @@ const (
 	// SQLQueue: watermill-sql PostgreSQL queue, transactional mode joined to
 	// the consuming transaction (watermillsql.Tx).
 	SQLQueue = "sql-queue"
+	// KafkaGroup: as KafkaTx, with group commit on (dedup.Group): the
+	// deliveries a consumer has in flight (one per partition it is
+	// assigned, and its topic has GroupPartitions) share one transaction.
+	KafkaGroup = "kafka-group"
 )
 
 // Modes lists every mode, in the order the driver runs them.
-var Modes = []string{KafkaTx, KafkaReserve, SQLQueue}
+var Modes = []string{KafkaTx, KafkaReserve, SQLQueue, KafkaGroup}
+
+// GroupPartitions is the partition count of the KafkaGroup mode's topic.
+// watermill-kafka's subscriber delivers one message per partition at a
+// time, so a consumer has as many deliveries in flight as it has
+// partitions: the other modes' eight spread over a group's consumers leave
+// too few to form groups.
+const GroupPartitions = 32
 
 // Points at which a consumer can be told to kill itself (SIGKILL).
 const (
@@ -39,7 +50,10 @@ const (
 	// transaction, or as a committed reservation under a lease).
 	AfterClaim = "after-claim"
 	// MidHandler: the effect is done (the row written in the open
-	// transaction, or the provider charged) and not yet recorded.
+	// transaction, or the provider charged) and not yet recorded. In
+	// KafkaGroup mode only a handler that runs after another member's in
+	// the same group transaction counts: the kill comes inside a group
+	// with uncommitted work of at least two deliveries.
 	MidHandler = "mid-handler"
 	// AfterCommit: the middleware committed (or recorded the outcome) and
 	// returned; the router has not acked. For the SQL queue the consuming
@@ -91,28 +105,42 @@ const (
 	LineBye = "BYE"
 )
 
-// Stats is what a consumer's middleware did so far.
+// Stats is what a consumer's middleware did so far. Groups and Members
+// are dedup.GroupStats' counts (zero without group commit): the group
+// transactions begun and their members.
 type Stats struct {
 	Executed, Duplicates, Conflicts, InFlight, Retries, Pending, Takeovers uint64
+	Groups, Members                                                        uint64
 }
 
 func (s Stats) String() string {
-	return fmt.Sprintf("executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d",
-		s.Executed, s.Duplicates, s.Conflicts, s.InFlight, s.Retries, s.Pending, s.Takeovers)
+	return fmt.Sprintf("executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d groups=%d members=%d",
+		s.Executed, s.Duplicates, s.Conflicts, s.InFlight, s.Retries, s.Pending, s.Takeovers, s.Groups, s.Members)
 }
 
 // ParseStats reads what String wrote.
 func ParseStats(s string) (Stats, error) {
 	var st Stats
-	_, err := fmt.Sscanf(s, "executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d",
-		&st.Executed, &st.Duplicates, &st.Conflicts, &st.InFlight, &st.Retries, &st.Pending, &st.Takeovers)
+	_, err := fmt.Sscanf(s, "executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d groups=%d members=%d",
+		&st.Executed, &st.Duplicates, &st.Conflicts, &st.InFlight, &st.Retries, &st.Pending, &st.Takeovers,
+		&st.Groups, &st.Members)
 	return st, err
 }
 
 // Add sums two Stats.
 func (s Stats) Add(o Stats) Stats {
 	return Stats{s.Executed + o.Executed, s.Duplicates + o.Duplicates, s.Conflicts + o.Conflicts,
-		s.InFlight + o.InFlight, s.Retries + o.Retries, s.Pending + o.Pending, s.Takeovers + o.Takeovers}
+		s.InFlight + o.InFlight, s.Retries + o.Retries, s.Pending + o.Pending, s.Takeovers + o.Takeovers,
+		s.Groups + o.Groups, s.Members + o.Members}
+}
+
+// MeanGroup is the mean number of members per group transaction (0 with
+// none).
+func (s Stats) MeanGroup() float64 {
+	if s.Groups == 0 {
+		return 0
+	}
+	return float64(s.Members) / float64(s.Groups)
 }
 
 // The fake payment provider's API.
