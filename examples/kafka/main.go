@@ -63,7 +63,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.shipmentsTable, "shipments-table", "kafka_example_shipments", "the application's table")
 	fs.IntVar(&cfg.events, "events", 100, fmt.Sprintf(
 		"number of distinct order events; the run gives up after %v or %v per event, whichever is longer",
-		minDeadline, perEvent))
+		runDeadline.Min, runDeadline.PerEvent))
 	fs.BoolVar(&cfg.reset, "reset", false,
 		"drop the example's tables first (the inbox and the shipments) and start over; Kafka topics and offsets are kept")
 	fs.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
@@ -73,7 +73,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), deadline(cfg.events))
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline.For(cfg.events))
 	defer cancel()
 	if _, err := run(ctx, cfg, stdout); err != nil {
 		fmt.Fprintln(stderr, "kafka example:", err)
@@ -82,15 +82,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// The run's deadline grows with the work: minDeadline, or perEvent for
+// The run's deadline grows with the work: 2 minutes, or a share of time for
 // each event when that is longer. 5,000 events take about 12 seconds on
 // the embedded broker.
-const (
-	minDeadline = 2 * time.Minute
-	perEvent    = 20 * time.Millisecond
-)
-
-func deadline(events int) time.Duration { return max(minDeadline, time.Duration(events)*perEvent) }
+var runDeadline = rerun.Deadline{Min: 2 * time.Minute, PerEvent: 20 * time.Millisecond}
 
 type config struct {
 	brokers, dsn, topic, group string

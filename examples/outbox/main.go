@@ -78,7 +78,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		"prefix of the tables: <prefix>_inbox, <prefix>_requests, <prefix>_deliveries")
 	fs.IntVar(&cfg.events, "events", 60, fmt.Sprintf(
 		"number of distinct order events; the run gives up after %v or %v per event, whichever is longer",
-		minDeadline, perEvent))
+		runDeadline.Min, runDeadline.PerEvent))
 	fs.BoolVar(&cfg.reset, "reset", false,
 		"drop the example's tables first (the inbox, the requests, the deliveries and the outbox) and start over; "+
 			"Kafka topics and offsets are kept")
@@ -89,7 +89,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), deadline(cfg.events))
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline.For(cfg.events))
 	defer cancel()
 	if _, err := run(ctx, cfg, stdout); err != nil {
 		fmt.Fprintln(stderr, "outbox example:", err)
@@ -98,15 +98,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// The run's deadline grows with the work: minDeadline, or perEvent for
+// The run's deadline grows with the work: 2 minutes, or a share of time for
 // each event when that is longer. 20,000 orders take about a minute on the
 // embedded broker.
-const (
-	minDeadline = 2 * time.Minute
-	perEvent    = 20 * time.Millisecond
-)
-
-func deadline(events int) time.Duration { return max(minDeadline, time.Duration(events)*perEvent) }
+var runDeadline = rerun.Deadline{Min: 2 * time.Minute, PerEvent: 20 * time.Millisecond}
 
 type config struct {
 	brokers, dsn                             string

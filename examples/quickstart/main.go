@@ -59,7 +59,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.dbPath, "db", "inboxmill-quickstart.db", "SQLite file for the inbox and the shipments table")
 	fs.IntVar(&cfg.events, "events", 20, fmt.Sprintf(
 		"number of distinct order events; the run gives up after %v or %v per event, whichever is longer",
-		minDeadline, perEvent))
+		runDeadline.Min, runDeadline.PerEvent))
 	fs.BoolVar(&cfg.reset, "reset", false, "drop the inbox and the shipments table in -db first and start over")
 	fs.BoolVar(&cfg.verbose, "v", false, "log every delivery")
 	if err := fs.Parse(args); err != nil {
@@ -68,7 +68,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), deadline(cfg.events))
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline.For(cfg.events))
 	defer cancel()
 	if _, err := run(ctx, cfg, stdout); err != nil {
 		fmt.Fprintln(stderr, "quickstart:", err)
@@ -77,15 +77,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// The run's deadline grows with the work: minDeadline, or perEvent for
+// The run's deadline grows with the work: 2 minutes, or a share of time for
 // each event when that is longer. 20 events take well under a second;
 // 10,000 take 10 to 30 seconds on a busy machine.
-const (
-	minDeadline = 2 * time.Minute
-	perEvent    = 30 * time.Millisecond
-)
-
-func deadline(events int) time.Duration { return max(minDeadline, time.Duration(events)*perEvent) }
+var runDeadline = rerun.Deadline{Min: 2 * time.Minute, PerEvent: 30 * time.Millisecond}
 
 type config struct {
 	dbPath         string

@@ -57,7 +57,7 @@ func TestQuickstart(t *testing.T) {
 // under hundreds of handlers, and every event still ships once, with no
 // handler run failing but the injected ones.
 func TestQuickstartManyEvents(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), deadline(500))
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline.For(500))
 	defer cancel()
 	var out bytes.Buffer
 	sum, err := run(ctx, config{dbPath: filepath.Join(t.TempDir(), "qs.db"), events: 500}, &out)
@@ -73,9 +73,9 @@ func TestQuickstartManyEvents(t *testing.T) {
 // below, and -h says so.
 func TestQuickstartDeadline(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, 2*time.Minute, deadline(20))
-	require.Equal(t, 2*time.Minute, deadline(4000))
-	require.Equal(t, 5*time.Minute, deadline(10_000))
+	require.Equal(t, 2*time.Minute, runDeadline.For(20))
+	require.Equal(t, 2*time.Minute, runDeadline.For(4000))
+	require.Equal(t, 5*time.Minute, runDeadline.For(10_000))
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 0, cli([]string{"-h"}, &stdout, &stderr))
 	require.Contains(t, stderr.String(), "the run gives up after 2m0s or 30ms per event, whichever is longer")

@@ -54,7 +54,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.table, "table", "sqlqueue_inbox", "inbox table; the invoices go to <table>_invoices")
 	fs.IntVar(&cfg.events, "events", 30, fmt.Sprintf(
 		"number of distinct invoice events; the run gives up after %v or %v per event, whichever is longer",
-		minDeadline, perEvent))
+		runDeadline.Min, runDeadline.PerEvent))
 	fs.BoolVar(&cfg.reset, "reset", false,
 		"drop the example's tables first (the inbox, <table>_invoices and the queue table) and start over")
 	if err := fs.Parse(args); err != nil {
@@ -63,7 +63,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), deadline(cfg.events))
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline.For(cfg.events))
 	defer cancel()
 	if _, err := run(ctx, cfg, stdout); err != nil {
 		fmt.Fprintln(stderr, "sql-queue:", err)
@@ -72,14 +72,9 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// The run's deadline grows with the work: minDeadline, or perEvent for
+// The run's deadline grows with the work: 2 minutes, or a share of time for
 // each event when that is longer. 20,000 events take about two minutes.
-const (
-	minDeadline = 2 * time.Minute
-	perEvent    = 20 * time.Millisecond
-)
-
-func deadline(events int) time.Duration { return max(minDeadline, time.Duration(events)*perEvent) }
+var runDeadline = rerun.Deadline{Min: 2 * time.Minute, PerEvent: 20 * time.Millisecond}
 
 type config struct {
 	dsn, topic, table string

@@ -95,8 +95,8 @@ func TestSQLQueueRedactsPassword(t *testing.T) {
 // below, and -h says so.
 func TestSQLQueueDeadline(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, 2*time.Minute, deadline(30))
-	require.Equal(t, 20*time.Minute, deadline(60_000))
+	require.Equal(t, 2*time.Minute, runDeadline.For(30))
+	require.Equal(t, 20*time.Minute, runDeadline.For(60_000))
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 0, cli([]string{"-h"}, &stdout, &stderr))
 	require.Contains(t, stderr.String(), "the run gives up after 2m0s or 20ms per event, whichever is longer")

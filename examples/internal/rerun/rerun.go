@@ -11,6 +11,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/inboxmill/inboxmill/inbox"
 )
@@ -115,4 +116,16 @@ func Queued(out io.Writer, n int, table string) {
 	}
 	fmt.Fprintf(out, "note: %d messages an earlier run left unconsumed in table %s are delivered in this run too. "+
 		"Run with -reset to start over.\n", n, table)
+}
+
+// Deadline is how long an example's run may take before it gives up: Min,
+// or PerEvent for each event when that is longer, so that a run asked for
+// many events is not cut short by a deadline meant for the default count.
+type Deadline struct {
+	Min, PerEvent time.Duration
+}
+
+// For returns the deadline of a run of events events.
+func (d Deadline) For(events int) time.Duration {
+	return max(d.Min, time.Duration(events)*d.PerEvent)
 }
