@@ -23,6 +23,7 @@ type params struct {
 	name, lockName                               string
 	byScope                                      bool
 	after                                        ID // keyset scans continue after this key
+	bucket, bucketEnd                            time.Time
 	audit                                        auditParams
 }
 
@@ -127,6 +128,10 @@ func (s *Store) arg(a Arg, p *params) any {
 		return p.audit.beforeJSON
 	case ArgAffected:
 		return p.audit.affected
+	case ArgBucket:
+		return s.timeArg(p.bucket)
+	case ArgBucketEnd:
+		return s.timeArg(p.bucketEnd)
 	}
 	// NewStore checked every query's args.
 	panic(fmt.Sprintf("inbox: unknown %v", a))

@@ -29,8 +29,14 @@ type ClaimParams struct {
 	// ([StorableText], at most MaxErrorLen bytes). Optional.
 	Error string
 	// Retention is how long the record outlives its claim before a purge
-	// may delete it. 0 keeps it forever.
+	// may delete it. 0 keeps it forever. A partitioned table ignores it:
+	// its records expire when their bucket closes.
 	Retention time.Duration
+	// EventTime is when the event happened, by its producer: in a
+	// partitioned table it decides the record's bucket, and an event
+	// whose bucket has closed is refused with [ErrBeyondRetention]. Zero
+	// means the claim's time. Other tables ignore it.
+	EventTime time.Time
 }
 
 // MaxCorrelationIDLen bounds the correlation ID stored with a record.
@@ -94,7 +100,7 @@ func (s *Store) Claim(ctx context.Context, q DBTX, p ClaimParams) (ClaimResult, 
 	return s.insert(ctx, q, "claim", p.ID, p.PayloadHash, &params{
 		status: p.Status, correlationID: p.CorrelationID, errS: StorableText(p.Error, MaxErrorLen),
 		expiresAt: expiry(now, p.Retention),
-	}, now)
+	}, p.EventTime, now)
 }
 
 func expiry(now time.Time, retention time.Duration) time.Time {
@@ -107,9 +113,15 @@ func expiry(now time.Time, retention time.Duration) time.Time {
 // insert runs the Insert statement, reading the existing record when the
 // key is taken. p carries the status, lease, correlation ID, error and
 // expiry; the identity, hash and times are filled here.
-func (s *Store) insert(ctx context.Context, q DBTX, what string, id ID, hash []byte, p *params, now time.Time) (ClaimResult, error) {
+func (s *Store) insert(ctx context.Context, q DBTX, what string, id ID, hash []byte, p *params, eventTime, now time.Time) (ClaimResult, error) {
 	if err := errors.Join(id.Validate(), checkHash(hash)); err != nil {
 		return ClaimResult{}, err
+	}
+	if err := s.place(ctx, q, p, eventTime, now); err != nil {
+		if errors.Is(err, ErrBeyondRetention) {
+			return s.beyondRetention(ctx, q, what, id, hash, err)
+		}
+		return ClaimResult{}, fmt.Errorf("inbox: %s: %w", what, err)
 	}
 	p.id, p.payloadHash = id, hash
 	p.correlationID = storableCorrelationID(p.correlationID)
@@ -117,6 +129,7 @@ func (s *Store) insert(ctx context.Context, q DBTX, what string, id ID, hash []b
 	for range claimRetries {
 		res, err := s.exec(ctx, q, s.q.insert, p)
 		if err != nil {
+			s.forgetPartitions()
 			return ClaimResult{}, fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
 		}
 		n, err := res.RowsAffected()
@@ -144,6 +157,22 @@ func (s *Store) insert(ctx context.Context, q DBTX, what string, id ID, hash []b
 	}
 	return ClaimResult{}, fmt.Errorf("inbox: %s: the record holding the key vanished %d times in a row: %w",
 		what, claimRetries, ErrTransient)
+}
+
+// beyondRetention answers a claim of an event whose bucket has closed: by
+// its record while one is left (a duplicate, or a conflict), with refused
+// (ErrBeyondRetention) once none is.
+func (s *Store) beyondRetention(ctx context.Context, q DBTX, what string, id ID, hash []byte, refused error) (ClaimResult, error) {
+	rec, err := scanRecord(s.queryRow(ctx, q, s.q.selectForClaim, &params{id: id}))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return ClaimResult{}, refused
+	case err != nil:
+		return ClaimResult{}, fmt.Errorf("inbox: %s: read existing record: %w", what, s.Classify(err))
+	case !rec.SamePayload(hash):
+		return ClaimResult{Record: rec}, &ConflictError{ID: id, Existing: rec}
+	}
+	return ClaimResult{Record: rec}, nil
 }
 
 // SaveOutput stores result with a record this caller's transaction q has

@@ -58,11 +58,24 @@ func (s *Store) ClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) ([]Clai
 			out[i].Err = err
 			continue
 		}
-		claims = append(claims, &claim{i: i, p: params{
+		c := &claim{i: i, p: params{
 			id: p.ID, payloadHash: p.PayloadHash, status: p.Status,
 			correlationID: storableCorrelationID(p.CorrelationID), errS: StorableText(p.Error, MaxErrorLen),
 			createdAt: now, updatedAt: now, expiresAt: expiry(now, p.Retention),
-		}})
+		}}
+		if err := s.place(ctx, q, &c.p, p.EventTime, now); err != nil {
+			if !errors.Is(err, ErrBeyondRetention) {
+				return nil, fmt.Errorf("inbox: claim many: %w", err)
+			}
+			r, err := s.beyondRetention(ctx, q, "claim many", p.ID, p.PayloadHash, err)
+			if err != nil && !errors.Is(err, ErrBeyondRetention) && !errors.Is(err, ErrPayloadConflict) {
+				return nil, err
+			}
+			r.Err = err
+			out[i] = r
+			continue
+		}
+		claims = append(claims, c)
 	}
 	slices.SortStableFunc(claims, func(a, b *claim) int { return compareID(a.p.id, b.p.id) })
 	// Later occurrences of a key follow the first.
@@ -124,6 +137,7 @@ func (s *Store) ClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) ([]Clai
 			}
 			res, err := q.ExecContext(ctx, st.SQL, args...)
 			if err != nil {
+				s.forgetPartitions()
 				return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
 			}
 			n, err := res.RowsAffected()
@@ -152,6 +166,7 @@ func (s *Store) ClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) ([]Clai
 		}
 		rows, err := q.QueryContext(ctx, st.SQL, args...)
 		if err != nil {
+			s.forgetPartitions()
 			return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
 		}
 		for rows.Next() {

@@ -35,19 +35,21 @@ func (c *clockSync) close() {
 	c.wg.Wait()
 }
 
-// start runs f in the background unless the store was closed.
-func (c *clockSync) start(f func(ctx context.Context)) {
+// start runs f in the background unless the store was closed, and
+// reports whether it did. Close cancels f's context and waits for it.
+func (c *clockSync) start(f func(ctx context.Context)) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		c.running.Store(false)
-		return
+		return false
 	}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		f(c.ctx)
 	}()
+	return true
 }
 
 // clockSyncTimeout bounds one measurement.

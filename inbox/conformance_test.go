@@ -6,6 +6,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
@@ -22,4 +23,19 @@ func TestConformance(t *testing.T) {
 			Prepare: prepare,
 		})
 	})
+}
+
+// TestConformancePartitioned runs the shared suite on a partitioned
+// PostgreSQL table, with both drivers: partitioning changes where records
+// live and how they are purged, never what a caller sees.
+func TestConformancePartitioned(t *testing.T) {
+	for _, kind := range []testdb.Kind{testdb.PostgresPQ, testdb.PostgresPGX} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			inboxtest.Run(t, inboxtest.Harness{
+				Dialect: postgres.Partitioned(postgres.Partitions{}),
+				DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
+			})
+		})
+	}
 }

@@ -185,6 +185,10 @@ const (
 	ArgBeforeJSON
 	// ArgAffected is how many records an operator action affected.
 	ArgAffected
+	// ArgBucket is the start of a record's bucket in a partitioned table
+	// (see [Partitioning]), and ArgBucketEnd the end of a partition's.
+	ArgBucket
+	ArgBucketEnd
 	argEnd
 )
 
@@ -192,7 +196,7 @@ var argNames = [...]string{"", "scope", "operation", "key", "payload_hash", "sta
 	"lease_owner", "lease_until", "result", "resource_id", "correlation_id", "external_ref", "error",
 	"created_at", "updated_at", "expires_at", "now", "before", "limit", "version", "name", "lock_name",
 	"by_scope", "after_scope", "after_operation", "after_key", "audit_id", "actor", "reason", "action",
-	"status_before", "attempt_before", "status_after", "before_json", "affected"}
+	"status_before", "attempt_before", "status_after", "before_json", "affected", "bucket", "bucket_end"}
 
 func (a Arg) String() string {
 	if a > 0 && a < argEnd {

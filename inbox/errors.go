@@ -22,6 +22,13 @@ var (
 	// longer than its limit, not valid UTF-8 or contains a NUL byte.
 	ErrInvalidKey = errors.New("inbox: invalid key")
 
+	// ErrBeyondRetention: in a partitioned table, the event's bucket has
+	// closed (see [Partitioning]): its record, if it ever had one, may
+	// have been dropped, so the store can no longer tell a duplicate from
+	// a first delivery. Nothing was claimed; the delivery must not run
+	// (route it to a poison queue: no retry changes the answer).
+	ErrBeyondRetention = errors.New("inbox: the event is older than the inbox keeps records")
+
 	// ErrInvalidConfig: the store's configuration is unusable.
 	ErrInvalidConfig = errors.New("inbox: invalid config")
 

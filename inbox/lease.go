@@ -25,8 +25,11 @@ type ReserveParams struct {
 	// when not storable.
 	CorrelationID string
 	// Retention is how long the record outlives its outcome before a purge
-	// may delete it. 0 keeps it forever.
+	// may delete it. 0 keeps it forever. A partitioned table ignores it,
+	// as it ignores ClaimParams.Retention.
 	Retention time.Duration
+	// EventTime is when the event happened, as in ClaimParams.
+	EventTime time.Time
 }
 
 // ReserveResult is the outcome of a successful [Store.Reserve].
@@ -59,7 +62,7 @@ func (s *Store) Reserve(ctx context.Context, p ReserveParams) (ReserveResult, er
 	res, err := s.insert(ctx, s.db, "reserve", p.ID, p.PayloadHash, &params{
 		status: StatusProcessing, leaseOwner: p.Owner, leaseUntil: dbTime(now.Add(p.Lease)),
 		correlationID: p.CorrelationID, expiresAt: expiry(now, p.Retention),
-	}, now)
+	}, p.EventTime, now)
 	if err != nil || !res.Claimed {
 		return ReserveResult{Record: res.Record}, err
 	}

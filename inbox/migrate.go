@@ -115,6 +115,7 @@ func (s *Store) Migrate(ctx context.Context) error { return s.MigrateTo(ctx, 0) 
 // before each step whether it is still needed.
 //
 // Nothing migrates by itself: no schema is created on a first message.
+// A partitioned table gets its partitions ([Store.EnsurePartitions]).
 func (s *Store) MigrateTo(ctx context.Context, target int) error {
 	ms, err := s.Migrations()
 	if err != nil {
@@ -123,7 +124,7 @@ func (s *Store) MigrateTo(ctx context.Context, target int) error {
 	if target < 0 || (target > 0 && !hasVersion(ms, target)) {
 		return fmt.Errorf("inbox: migrate: no version %d", target)
 	}
-	return s.migrating(ctx, "migrate", func(conn *sql.Conn) error {
+	err = s.migrating(ctx, "migrate", func(conn *sql.Conn) error {
 		for _, m := range ms {
 			if target > 0 && m.Version > target {
 				break
@@ -134,6 +135,12 @@ func (s *Store) MigrateTo(ctx context.Context, target int) error {
 		}
 		return nil
 	})
+	if err == nil && s.parts != nil {
+		// A partitioned table starts with the partitions its first claims
+		// need.
+		_, err = s.EnsurePartitions(ctx)
+	}
+	return err
 }
 
 // MigrateDown undoes every applied version above target, newest first;
@@ -348,8 +355,9 @@ func ignoreDone(err error) error {
 // splitStatements cuts a migration file into statements at semicolons that
 // end a line, dropping comment-only and empty pieces. Drivers differ on
 // whether one Exec may carry several statements, so each runs alone. The
-// migration files keep to that shape: no semicolons inside literals or
-// bodies at a line's end.
+// migration files keep to that shape: no semicolons at a line's end inside
+// literals, and function bodies dollar-quoted (within which no line ends a
+// statement).
 func splitStatements(sqlText string) []string {
 	var out []string
 	var cur strings.Builder
@@ -360,9 +368,13 @@ func splitStatements(sqlText string) []string {
 			out = append(out, stmt)
 		}
 	}
+	quote := "" // the tag of the dollar-quoted body the line is in
 	for line := range strings.Lines(sqlText) {
 		trimmed := strings.TrimSpace(line)
-		if strings.HasSuffix(trimmed, ";") && !strings.HasPrefix(trimmed, "--") {
+		if !strings.HasPrefix(trimmed, "--") {
+			quote = dollarQuotes(line, quote)
+		}
+		if quote == "" && strings.HasSuffix(trimmed, ";") && !strings.HasPrefix(trimmed, "--") {
 			cur.WriteString(strings.TrimSuffix(strings.TrimRight(line, " \t\r\n"), ";"))
 			flush()
 			continue
@@ -371,6 +383,34 @@ func splitStatements(sqlText string) []string {
 	}
 	flush()
 	return out
+}
+
+// dollarQuotes follows PostgreSQL's dollar quoting ($fn$ ... $fn$, $$ ...
+// $$) through line, starting inside the body of tag quote ("" for
+// outside), and returns the tag the line ends inside.
+func dollarQuotes(line, quote string) string {
+	for i := 0; i < len(line); i++ {
+		if line[i] != '$' {
+			continue
+		}
+		j := i + 1
+		for j < len(line) && (line[j] == '_' || 'a' <= line[j]|0x20 && line[j]|0x20 <= 'z' ||
+			j > i+1 && '0' <= line[j] && line[j] <= '9') {
+			j++
+		}
+		if j == len(line) || line[j] != '$' {
+			continue
+		}
+		tag := line[i : j+1]
+		switch quote {
+		case "":
+			quote = tag
+		case tag:
+			quote = ""
+		}
+		i = j
+	}
+	return quote
 }
 
 func onlyComments(stmt string) bool {

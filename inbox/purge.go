@@ -44,8 +44,12 @@ type PurgeParams struct {
 
 // PurgeResult reports what [Store.Purge] did.
 type PurgeResult struct {
+	// Deleted counts the records deleted, those of dropped partitions
+	// included.
 	Deleted int64
 	Batches int
+	// Partitions counts the partitions dropped (partitioned tables only).
+	Partitions int
 	// AuditID is the run's audit entry (PurgeParams.Audit); "" when none
 	// was written.
 	AuditID string
@@ -69,6 +73,13 @@ func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
 		p.BatchSize = DefaultPurgeBatchSize
 	}
 	var r PurgeResult
+	if s.parts != nil {
+		// Whole partitions first: what is left in the rest is what the
+		// batches then delete.
+		if err := s.dropPartitions(ctx, p, &r); err != nil {
+			return r, withCtxErr(ctx, err)
+		}
+	}
 	for p.MaxBatches <= 0 || r.Batches < p.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return r, err
@@ -139,6 +150,21 @@ func (s *Store) auditedPurgeBatch(ctx context.Context, p PurgeParams, r *PurgeRe
 	if err != nil {
 		return 0, err
 	}
+	id, err := s.auditPurge(ctx, tx, p, r, n)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("inbox: purge: commit: %w", withCtxErr(ctx, s.Classify(err)))
+	}
+	r.AuditID = id
+	return n, nil
+}
+
+// auditPurge writes, in tx, the run's audit entry with r.Deleted + n
+// records: it inserts it when r has none yet, and updates its count
+// otherwise. It returns the entry's ID, for r.AuditID once tx commits.
+func (s *Store) auditPurge(ctx context.Context, tx *sql.Tx, p PurgeParams, r *PurgeResult, n int64) (_ string, err error) {
 	id := r.AuditID
 	switch {
 	case id == "":
@@ -161,13 +187,9 @@ func (s *Store) auditedPurgeBatch(ctx context.Context, p PurgeParams, r *PurgeRe
 		}
 	}
 	if err != nil {
-		return 0, fmt.Errorf("inbox: purge: audit: %w", s.Classify(err))
+		return "", fmt.Errorf("inbox: purge: audit: %w", s.Classify(err))
 	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("inbox: purge: commit: %w", withCtxErr(ctx, s.Classify(err)))
-	}
-	r.AuditID = id
-	return n, nil
+	return id, nil
 }
 
 // DefaultPurgeBatchSize is PurgeParams.BatchSize's default.

@@ -116,6 +116,7 @@ type Store struct {
 	stmts   stmtCache
 	sync    clockSync
 	limit   resultLimit
+	parts   *partitions // nil unless the dialect is partitioned
 }
 
 // NewStore returns a store over db that speaks dialect. It checks the
@@ -146,6 +147,9 @@ func NewStore(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 		table:   cfg.Table,
 		q:       q,
 		clock:   cfg.Now,
+	}
+	if err := s.initPartitions(); err != nil {
+		return nil, fmt.Errorf("inbox: dialect %s: %w", dialect.Name(), err)
 	}
 	s.limit.max = cfg.MaxResult
 	s.stmts.on = cfg.Prepare.enabled(s.caps)
