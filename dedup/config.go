@@ -228,6 +228,17 @@ type Config struct {
 	// forever.
 	Retention time.Duration
 
+	// EventTime reads when the event happened from the message, for a
+	// store whose table is partitioned by time (inbox/postgres.Partitioned):
+	// the record goes into the partition of that time, and an event whose
+	// partition's retention has run out is refused with ErrBeyondRetention
+	// rather than run again. Every delivery of an event must carry the
+	// same time. Defaults to nil: the time of the claim, which never
+	// refuses. A message whose time cannot be read is refused with
+	// ErrInvalidEventTime. See EventTimeFromMetadata and
+	// EventTimeFromUUIDv7. Stores that are not partitioned ignore it.
+	EventTime EventTimeFunc
+
 	// Mode is Transactional{} (the default, also when nil) or Reserve{},
 	// with the settings of that mode, as a value or a pointer (New copies
 	// it; a nil pointer is refused).

@@ -7,6 +7,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/deduptest"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
@@ -36,4 +37,27 @@ func TestConformanceGroupCommit(t *testing.T) {
 			Group:   &dedup.Group{},
 		})
 	})
+}
+
+// TestConformancePartitioned runs the suite on a partitioned PostgreSQL
+// inbox, with both drivers, without and with group commit, the event time
+// read from the message.
+func TestConformancePartitioned(t *testing.T) {
+	for _, kind := range []testdb.Kind{testdb.PostgresPQ, testdb.PostgresPGX} {
+		for _, group := range []*dedup.Group{nil, {}} {
+			name := string(kind)
+			if group != nil {
+				name += "/group"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				deduptest.Run(t, deduptest.Harness{
+					Dialect:   postgres.Partitioned(postgres.Partitions{}),
+					DB:        func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
+					Group:     group,
+					EventTime: deduptest.KeyedEventTime,
+				})
+			})
+		}
+	}
 }

@@ -28,6 +28,17 @@ var (
 	// The handler did not run.
 	ErrFingerprint = errors.New("dedup: cannot fingerprint the payload")
 
+	// ErrInvalidEventTime: Config.EventTime could not read the event's
+	// time from the message. The handler did not run.
+	ErrInvalidEventTime = errors.New("dedup: cannot read the event's time")
+
+	// ErrBeyondRetention: the event is older than a partitioned inbox
+	// keeps records (its bucket has closed) and no record of it is left,
+	// so whether it ran cannot be told. The handler did not run; route the
+	// message to a poison queue. It is the same value as
+	// inbox.ErrBeyondRetention.
+	ErrBeyondRetention = inbox.ErrBeyondRetention
+
 	// ErrInFlight: another delivery of the same key holds it and its outcome
 	// is not known yet. Retry later (the message is nacked).
 	ErrInFlight = errors.New("dedup: another delivery of the same key is in progress")
@@ -49,7 +60,9 @@ var (
 
 // IsPoison reports whether err means the message can never be processed as
 // it is — a reused key with another payload, a missing or invalid key, a
-// payload that cannot be fingerprinted, a handler's Permanent failure — so
+// payload that cannot be fingerprinted, an unreadable event time, an event
+// older than a partitioned inbox keeps records, a handler's Permanent
+// failure — so
 // that redelivering it would loop forever. Use it to route such messages to
 // a poison queue:
 //
@@ -57,7 +70,8 @@ var (
 func IsPoison(err error) bool {
 	var pe *PermanentError
 	return errors.Is(err, ErrPayloadConflict) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidKey) ||
-		errors.Is(err, ErrFingerprint) || errors.As(err, &pe)
+		errors.Is(err, ErrFingerprint) || errors.Is(err, ErrInvalidEventTime) || errors.Is(err, ErrBeyondRetention) ||
+		errors.As(err, &pe)
 }
 
 // IsRetryable reports whether a redelivery of the message may succeed where

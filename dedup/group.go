@@ -416,7 +416,7 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 	ps := make([]inbox.ClaimParams, len(live))
 	for i, m := range live {
 		ps[i] = inbox.ClaimParams{ID: m.id.ID, PayloadHash: m.id.hash, Status: inbox.StatusCompleted,
-			CorrelationID: correlationID(m.msg), Retention: d.retention()}
+			CorrelationID: correlationID(m.msg), Retention: d.retention(), EventTime: m.id.eventTime}
 	}
 	start := time.Now()
 	res, err := g.claim(ctx, tx, ps)
@@ -438,7 +438,7 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 		case errors.Is(r.Err, ErrPayloadConflict):
 			g.release(m, nil, OutcomeConflict, r.Err)
 		case r.Err != nil:
-			g.release(m, nil, OutcomeRetry, r.Err)
+			g.release(m, nil, claimFailure(r.Err), r.Err)
 		case r.Claimed:
 			m.rec = r.Record
 			claimedBy[r.Record] = m
@@ -556,7 +556,7 @@ func (g *grouper) claim(ctx context.Context, tx *inbox.Tx, ps []inbox.ClaimParam
 		return g.d.store.ClaimMany(ctx, tx, ps)
 	}
 	r, err := g.d.store.Claim(ctx, tx, ps[0])
-	if errors.Is(err, ErrPayloadConflict) {
+	if errors.Is(err, ErrPayloadConflict) || errors.Is(err, ErrBeyondRetention) {
 		r.Err, err = err, nil
 	}
 	if err != nil {

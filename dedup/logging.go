@@ -3,6 +3,7 @@ package dedup
 import (
 	"container/list"
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -110,6 +111,13 @@ func (d *Deduplicator) finish(msg *message.Message, id identity, o Outcome, err 
 	}
 	fields := d.logFields(msg, id, o, err)
 	text := outcomeMessage(o)
+	switch {
+	case o != OutcomeInvalid:
+	case errors.Is(err, ErrBeyondRetention):
+		text = "inboxmill: event older than the inbox keeps records, and no record of it is left; refused"
+	case errors.Is(err, ErrInvalidEventTime):
+		text = "inboxmill: message has no usable event time; refused"
+	}
 	if seen.total > 1 {
 		fields["repeats"] = seen.total
 		if seen.info {

@@ -103,8 +103,19 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // identity is what a delivery is deduplicated by.
 type identity struct {
 	inbox.ID
-	hash   []byte
-	digest string
+	hash      []byte
+	digest    string
+	eventTime time.Time // zero without Config.EventTime
+}
+
+// claimFailure is the outcome of a claim that failed with err: refused
+// for good when the store can no longer tell whether the event ran, to be
+// retried otherwise.
+func claimFailure(err error) Outcome {
+	if errors.Is(err, ErrBeyondRetention) {
+		return OutcomeInvalid
+	}
+	return OutcomeRetry
 }
 
 func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
@@ -131,6 +142,16 @@ func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
 	}
 	id.ID = full
 	id.digest = full.Digest()
+	if d.cfg.EventTime != nil {
+		t, err := d.cfg.EventTime(msg)
+		if err == nil && t.IsZero() {
+			err = errors.New("the event time function returned the zero time")
+		}
+		if err != nil {
+			return id, fmt.Errorf("%w: %w", ErrInvalidEventTime, err)
+		}
+		id.eventTime = t
+	}
 	hash, err := d.fp(msg)
 	if err != nil {
 		return id, fmt.Errorf("%w: %w", ErrFingerprint, err)

@@ -62,13 +62,14 @@ func (d *Deduplicator) acquire(ctx context.Context, msg *message.Message, id ide
 				Lease:         rs.Lease,
 				CorrelationID: correlationID(msg),
 				Retention:     d.retention(),
+				EventTime:     id.eventTime,
 			})
 			d.metrics.observeClaim(id.Operation, time.Since(start))
 			switch {
 			case errors.Is(err, ErrPayloadConflict):
 				return nil, nil, nil, OutcomeConflict, err
 			case err != nil:
-				return nil, nil, nil, OutcomeRetry, err
+				return nil, nil, nil, claimFailure(err), err
 			case res.Lease != nil:
 				return res.Lease, nil, nil, "", nil
 			}

@@ -101,6 +101,7 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 		Status:        inbox.StatusCompleted,
 		CorrelationID: correlationID(msg),
 		Retention:     d.retention(),
+		EventTime:     id.eventTime,
 	})
 	d.metrics.observeClaim(id.Operation, time.Since(start))
 	switch {
@@ -108,8 +109,9 @@ func (d *Deduplicator) inTx(ctx context.Context, q inbox.DBTX, tx *sql.Tx, msg *
 		sp.end(string(OutcomeConflict), 0, err)
 		return nil, OutcomeConflict, false, span{}, err
 	case err != nil:
-		sp.end(string(OutcomeRetry), 0, err)
-		return nil, OutcomeRetry, false, span{}, err
+		outcome := claimFailure(err)
+		sp.end(string(outcome), 0, err)
+		return nil, outcome, false, span{}, err
 	case !res.Claimed:
 		out, outcome, err := d.replay(res.Record)
 		sp.end(string(outcome), res.Record.Attempt, err)
@@ -214,7 +216,7 @@ func (d *Deduplicator) replay(rec *inbox.Record) ([]*message.Message, Outcome, e
 func (d *Deduplicator) permanentClaim(msg *message.Message, id identity, pe *PermanentError) inbox.ClaimParams {
 	return inbox.ClaimParams{
 		ID: id.ID, PayloadHash: id.hash, Status: inbox.StatusFailed, Error: errorText(pe.Err),
-		CorrelationID: correlationID(msg), Retention: d.retention(),
+		CorrelationID: correlationID(msg), Retention: d.retention(), EventTime: id.eventTime,
 	}
 }
 

@@ -62,9 +62,13 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"hash/fnv"
 	"testing"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/dedup"
@@ -88,6 +92,25 @@ type Harness struct {
 	// transaction, which are never grouped. The group commit tests run
 	// either way, with settings of their own.
 	Group *dedup.Group
+	// EventTime, when set, is every middleware's Config.EventTime, for
+	// stores partitioned by event time. It must accept every message the
+	// suite sends (they carry an "event_id" metadata field and a JSON
+	// payload); KeyedEventTime is one that does.
+	EventTime dedup.EventTimeFunc
+}
+
+// KeyedEventTime is an event time for every message the suite sends: a
+// time within the last two days, derived from the message's event_id
+// alone, so that the events of a test spread over several buckets and
+// every delivery of one event has the same time.
+func KeyedEventTime(msg *message.Message) (time.Time, error) {
+	key := msg.Metadata.Get(EventIDKey)
+	if key == "" {
+		return time.Time{}, errors.New("no event_id")
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	return time.Now().UTC().Truncate(48 * time.Hour).Add(-time.Duration(h.Sum64() % uint64(48*time.Hour))), nil
 }
 
 // Run runs the whole suite as subtests of t: "Middleware" (transactional

@@ -42,6 +42,7 @@ func setupGroup(t *testing.T, h Harness, g dedup.Group) *gw {
 		Key:       key,
 		Operation: "record_effect",
 		Mode:      dedup.Transactional{Group: &g},
+		EventTime: h.EventTime,
 	})
 	require.NoError(t, err)
 	w.d = d

@@ -40,6 +40,9 @@ func setupMiddleware(t *testing.T, h Harness, cfg dedup.Config) *mw {
 	if cfg.Operation == "" {
 		cfg.Operation = "record_effect"
 	}
+	if cfg.EventTime == nil {
+		cfg.EventTime = h.EventTime
+	}
 	if h.Group != nil {
 		switch m := cfg.Mode.(type) {
 		case nil:

@@ -47,6 +47,9 @@ func (r *rw) dedup(t *testing.T, cfg dedup.Config, rs dedup.Reserve) *dedup.Dedu
 	if cfg.Key == nil {
 		cfg.Key = dedup.KeyFromMetadata("event_id")
 	}
+	if cfg.EventTime == nil {
+		cfg.EventTime = r.bundle.h.EventTime
+	}
 	if cfg.Operation == "" {
 		cfg.Operation = "charge"
 	}

@@ -1,0 +1,116 @@
+package dedup_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/deduptest"
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/inboxtest"
+	"github.com/inboxmill/inboxmill/inbox/postgres"
+	"github.com/inboxmill/inboxmill/internal/testdb"
+)
+
+func TestEventTimeFromMetadata(t *testing.T) {
+	get := dedup.EventTimeFromMetadata("event_time")
+	for in, want := range map[string]time.Time{
+		"2026-11-30T10:00:00Z":               time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC),
+		"2026-11-30T11:00:00.5+01:00":        time.Date(2026, 11, 30, 10, 0, 0, 500_000_000, time.UTC),
+		strconv.FormatInt(1764496800000, 10): time.UnixMilli(1764496800000).UTC(),
+	} {
+		got, err := get(deduptest.NewMessage("e", `{}`, "event_time", in))
+		require.NoError(t, err, in)
+		assert.True(t, want.Equal(got), "%s: %v", in, got)
+	}
+	for _, bad := range []string{"", "yesterday", "-5", "2026-11-30"} {
+		md := []string{}
+		if bad != "" {
+			md = []string{"event_time", bad}
+		}
+		_, err := get(deduptest.NewMessage("e", `{}`, md...))
+		assert.Error(t, err, "%q", bad)
+	}
+}
+
+func TestUUIDv7Time(t *testing.T) {
+	// RFC 9562, appendix A.6: 017F22E2-79B0-7CC3-98C4-DC0C0C07398F was
+	// created at 2022-02-22T19:22:22Z.
+	got, err := dedup.UUIDv7Time("017f22e2-79b0-7cc3-98c4-dc0c0c07398f")
+	require.NoError(t, err)
+	assert.Equal(t, time.Date(2022, 2, 22, 19, 22, 22, 0, time.UTC), got)
+	for _, bad := range []string{"", "evt-1", "6ba7b810-9dad-41d1-80b4-00c04fd430c8", "017f22e2-79b0-7cc3-98c4-dc0c0c07398z"} {
+		_, err := dedup.UUIDv7Time(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+// TestEventTimeRefusals: a message whose event time cannot be read, and
+// one whose event is older than the partitioned inbox keeps records, are
+// poison: the handler does not run, the error is returned (no ack), and a
+// redelivery gets the same answer. An old event whose record is still
+// kept is a duplicate as ever.
+func TestEventTimeRefusals(t *testing.T) {
+	for _, mode := range []dedup.Mode{dedup.Transactional{}, dedup.Transactional{Group: &dedup.Group{}},
+		dedup.Reserve{Owner: "w", Lease: time.Minute}} {
+		t.Run(fmt.Sprintf("%T", mode), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.Open(t, testdb.PostgresPGX)
+			part := postgres.Partitions{Width: 24 * time.Hour, Retention: 2 * 24 * time.Hour}
+			store := inboxtest.NewStore(t, db, postgres.Partitioned(part), inbox.Config{})
+			d, err := dedup.New(store, dedup.Config{
+				Key:       dedup.KeyFromMetadata("event_id"),
+				Operation: "ship",
+				EventTime: dedup.EventTimeFromMetadata("event_time"),
+				Mode:      mode,
+			})
+			require.NoError(t, err)
+			var runs atomic.Int64
+			h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				runs.Add(1)
+				if tx, ok := dedup.TxFromContext(msg.Context()); ok {
+					var one int
+					return nil, tx.QueryRowContext(msg.Context(), "SELECT 1").Scan(&one)
+				}
+				return nil, nil
+			})
+			now := time.Now().UTC()
+			at := func(t time.Time) string { return t.Format(time.RFC3339Nano) }
+
+			for range 2 {
+				_, err = h(deduptest.NewMessage("no-time", `{}`))
+				require.ErrorIs(t, err, dedup.ErrInvalidEventTime)
+				assert.True(t, dedup.IsPoison(err))
+
+				_, err = h(deduptest.NewMessage("ancient", `{}`, "event_time", at(now.Add(-5*24*time.Hour))))
+				require.ErrorIs(t, err, dedup.ErrBeyondRetention)
+				assert.True(t, dedup.IsPoison(err))
+				assert.False(t, dedup.IsRetryable(err))
+			}
+			assert.Zero(t, runs.Load(), "no refused message ran")
+
+			recent := deduptest.NewMessage("recent", `{}`, "event_time", at(now.Add(-time.Hour)))
+			_, err = h(recent)
+			require.NoError(t, err)
+			_, err = h(deduptest.NewMessage("recent", `{}`, "event_time", at(now.Add(-time.Hour))))
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), runs.Load())
+			st := d.Stats()
+			assert.Equal(t, uint64(4), st.Invalid)
+			assert.Equal(t, uint64(1), st.Duplicates)
+
+			var bucket time.Time
+			require.NoError(t, db.QueryRowContext(context.Background(),
+				`SELECT bucket FROM "`+store.Table()+`" WHERE key = 'recent'`).Scan(&bucket))
+			assert.Equal(t, now.Add(-time.Hour).Truncate(24*time.Hour), bucket.UTC(), "the record is in its event's bucket")
+		})
+	}
+}
