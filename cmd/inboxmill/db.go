@@ -48,6 +48,27 @@ var errUnknownDialect = errors.New("unknown dialect")
 type dbFlags struct {
 	dsn, dialect, table string
 	connectTimeout      time.Duration
+	// The layout of a partitioned PostgreSQL table: found by looking at
+	// the table, created by migrate --partitioned.
+	partitionWidth, partitionRetention time.Duration
+	partitioned                        bool
+}
+
+// partitioning is the layout the flags give a partitioned table.
+func (f dbFlags) partitioning() postgres.Partitions {
+	return postgres.Partitions{Width: f.partitionWidth, Retention: f.partitionRetention}
+}
+
+// dialectOf returns the dialect of name, partitioned when the flags ask
+// for it.
+func (f dbFlags) dialectOf(name string) (inbox.Dialect, error) {
+	if f.partitioned {
+		if name != "postgres" {
+			return nil, usageErr(fmt.Errorf("--partitioned is for PostgreSQL; the %s dialect has no partitioned table", name))
+		}
+		return postgres.Partitioned(f.partitioning()), nil
+	}
+	return dialects[name].dialect(), nil
 }
 
 // target is a resolved --dsn/--dialect pair: what to open, and how to
@@ -282,7 +303,15 @@ func openInbox(ctx context.Context, f dbFlags, a access, schemaCheck bool) (*inb
 			"check --dsn (or INBOXMILL_DSN), the credentials, and that the server is up and reachable from here",
 			t.dialect, t.shown, t.scrub(err))
 	}
-	store, err := inbox.NewStore(db, d.dialect(), inbox.Config{Table: f.table})
+	dialect, err := f.dialectOf(t.dialect)
+	if err == nil && t.dialect == "postgres" {
+		dialect, err = partitionedIfSo(ctx, db, dialect, f)
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	store, err := inbox.NewStore(db, dialect, inbox.Config{Table: f.table})
 	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("--table %q: %w", f.table, err)
@@ -299,6 +328,41 @@ func openInbox(ctx context.Context, f dbFlags, a access, schemaCheck bool) (*inb
 		return nil, t.scrub(err)
 	}
 	return i, nil
+}
+
+// partitionedIfSo returns the partitioned dialect when the table is a
+// partitioned one, checking --partition-width against its partitions, and
+// refuses --partitioned for a table that exists unpartitioned.
+func partitionedIfSo(ctx context.Context, db *sql.DB, d inbox.Dialect, f dbFlags) (inbox.Dialect, error) {
+	var kind sql.NullString
+	err := db.QueryRowContext(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, `"`+f.table+`"`).Scan(&kind)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("look up table %s: %w", f.table, err)
+	}
+	switch {
+	case !kind.Valid:
+		return d, nil // no table yet
+	case kind.String != "p":
+		if f.partitioned {
+			return nil, usageErr(fmt.Errorf("table %s exists and is not partitioned; a table is not partitioned by migrating: "+
+				"migrate a new --table and switch over once the old one's records have expired", f.table))
+		}
+		return d, nil
+	}
+	var width sql.NullFloat64
+	err = db.QueryRowContext(ctx, `SELECT extract(epoch FROM max(
+	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz -
+	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz))
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)`, `"`+f.table+`"`).Scan(&width)
+	if err != nil {
+		return nil, fmt.Errorf("look up the partitions of table %s: %w", f.table, err)
+	}
+	p := f.partitioning().WithDefaults()
+	if width.Valid && time.Duration(width.Float64*float64(time.Second)) != p.Width {
+		return nil, usageErr(fmt.Errorf("table %s is partitioned by %v, not %v: pass --partition-width %v",
+			f.table, time.Duration(width.Float64*float64(time.Second)), p.Width, time.Duration(width.Float64*float64(time.Second))))
+	}
+	return postgres.Partitioned(p), nil
 }
 
 // validate checks the schema, and says what to do when it is not current.

@@ -39,6 +39,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
 func main() {
@@ -155,6 +157,10 @@ is held by a live lease, or is in a status the action does not apply to),
 	pf.StringVar(&a.db.dialect, "dialect", "", "postgres, mysql or sqlite (default: inferred from the DSN, or $INBOXMILL_DIALECT)")
 	pf.StringVar(&a.db.table, "table", "inbox", "the inbox table (or $INBOXMILL_TABLE)")
 	pf.DurationVar(&a.db.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the database to answer")
+	pf.DurationVar(&a.db.partitionWidth, "partition-width", inbox.DefaultPartitionWidth,
+		"for a partitioned PostgreSQL table: the time one partition covers (as its stores are configured)")
+	pf.DurationVar(&a.db.partitionRetention, "partition-retention", inbox.DefaultPartitionRetention,
+		"for a partitioned PostgreSQL table: how long a bucket is kept after it ends (as its stores are configured)")
 
 	root.AddCommand(
 		a.migrateCmd(),

@@ -112,6 +112,8 @@ type upFlags struct {
 	version int
 	format  string
 	dir     string
+	// partitioned is copied to the app's dbFlags before the command runs.
+	partitioned bool
 }
 
 func (f *upFlags) add(cmd *cobra.Command) {
@@ -121,6 +123,7 @@ func (f *upFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.format, "format", "", "with --print: render the migrations for a tool: "+
 		strings.Join(formatNames(), ", ")+" (each file up and down, headed by its name; default: the up SQL alone)")
 	cmd.Flags().StringVar(&f.dir, "dir", "", "with --print: write the files of --format (default sql) into this directory instead of standard output")
+	cmd.Flags().BoolVar(&f.partitioned, "partitioned", false, "PostgreSQL: create the table partitioned by time (see --partition-width, --partition-retention)")
 }
 
 func formatNames() []string {
@@ -132,6 +135,7 @@ func formatNames() []string {
 }
 
 func (a *app) migrateUp(cmd *cobra.Command, f upFlags) error {
+	a.db.partitioned = f.partitioned
 	if !f.print && (f.format != "" || f.dir != "") {
 		return usageErr(fmt.Errorf("--format and --dir go with --print"))
 	}
@@ -280,7 +284,11 @@ func (a *app) printMigrations(cmd *cobra.Command, up bool, version, upTo int) er
 	if err := checkTable(a.db.table); err != nil {
 		return usageErr(err)
 	}
-	ms, err := inbox.LoadMigrations(dialects[d].dialect().Migrations(), a.db.table)
+	dialect, err := a.db.dialectOf(d)
+	if err != nil {
+		return err
+	}
+	ms, err := inbox.LoadMigrations(dialect.Migrations(), a.db.table)
 	if err != nil {
 		return err
 	}
@@ -309,6 +317,10 @@ func (a *app) renderMigrations(cmd *cobra.Command, format, dir string) error {
 	if err := checkTable(a.db.table); err != nil {
 		return usageErr(err)
 	}
+	dialect, err := a.db.dialectOf(d)
+	if err != nil {
+		return err
+	}
 	f := migrationfiles.FormatSQL
 	if format != "" {
 		if f, err = migrationfiles.ParseFormat(format); err != nil {
@@ -316,7 +328,7 @@ func (a *app) renderMigrations(cmd *cobra.Command, format, dir string) error {
 		}
 	}
 	if dir != "" {
-		paths, err := migrationfiles.Write(dir, dialects[d].dialect(), a.db.table, f)
+		paths, err := migrationfiles.Write(dir, dialect, a.db.table, f)
 		if err != nil {
 			return err
 		}
@@ -325,7 +337,7 @@ func (a *app) renderMigrations(cmd *cobra.Command, format, dir string) error {
 		}
 		return nil
 	}
-	files, err := migrationfiles.Render(dialects[d].dialect(), a.db.table, f)
+	files, err := migrationfiles.Render(dialect, a.db.table, f)
 	if err != nil {
 		return err
 	}

@@ -32,7 +32,12 @@ it runs again, which is why retention must outlast every redelivery and replay.
 Ctrl-C stops it after the batch under way: what was deleted stays deleted,
 and running purge again goes on from there (a second Ctrl-C ends it at once).
 The run is written to the audit trail with its running count. --dry-run
-counts what a purge would delete and changes nothing.`,
+counts what a purge would delete and changes nothing.
+
+On a partitioned PostgreSQL table (found by looking at it) purge first drops
+the partitions whose buckets closed --partition-retention after they ended
+and whose records have all expired, then deletes what is left in batches.
+Pass the --partition-width and --partition-retention its stores run with.`,
 		Example: `  inboxmill purge --reason 'backlog after the purger was down' --batch-size 5000
   inboxmill purge --dry-run --reason check`,
 		Args: noArgs,
@@ -158,8 +163,13 @@ func (a *app) purge(ctx context.Context, i *inboxDB, p inbox.PurgeParams, actor 
 		return fmt.Errorf("purge stopped after %s (%s purged): %w", plural(int64(res.Batches), "batch"),
 			plural(res.Deleted, "record"), i.target.scrub(err))
 	}
-	fmt.Fprintf(a.stdout, "purged %s from table %s in %s\n", plural(res.Deleted, "record"), i.table,
-		plural(int64(res.Batches), "batch"))
+	if res.Partitions > 0 {
+		fmt.Fprintf(a.stdout, "purged %s from table %s: %s dropped, then %s\n", plural(res.Deleted, "record"), i.table,
+			plural(int64(res.Partitions), "partition"), plural(int64(res.Batches), "batch"))
+	} else {
+		fmt.Fprintf(a.stdout, "purged %s from table %s in %s\n", plural(res.Deleted, "record"), i.table,
+			plural(int64(res.Batches), "batch"))
+	}
 	fmt.Fprintf(a.stdout, "audit: purge by %s, reason %s\n", text(actor.Name), text(actor.Reason))
 	return nil
 }
