@@ -63,7 +63,7 @@ func (b *bench) growth(ctx context.Context, d dialect) error {
 			if err != nil {
 				return err
 			}
-			err = f.seed(ctx, in.store.Table(), in.seeded, size, seedRows{keys: in.keys, origin: origin}, func(done int64) {
+			err = f.seed(ctx, f.db, in.store.Table(), in.seeded, size, seedRows{keys: in.keys, origin: origin}, func(done int64) {
 				b.logf("growth %s (%s keys): %d of %d rows seeded after %v", d.name, in.keys, done, size,
 					time.Since(start).Round(time.Second))
 			})

@@ -115,10 +115,13 @@ func (b *bench) purgeOnce(ctx context.Context, d dialect, m purgeMethod, size in
 		b.logf("purge %s (%s keys): %d of %d rows seeded after %v", d.name, keys, done, r.expired+r.live,
 			time.Since(start).Round(time.Second))
 	}
-	err = f.seed(ctx, store.Table(), 0, r.expired, seedRows{keys: keys, origin: origin, expired: true}, progress)
-	if err == nil {
-		err = f.seed(ctx, store.Table(), r.expired, r.expired+r.live, seedRows{keys: keys, origin: origin}, progress)
-	}
+	err = f.bulkLoad(ctx, func(q execer) error {
+		err := f.seed(ctx, q, store.Table(), 0, r.expired, seedRows{keys: keys, origin: origin, expired: true}, progress)
+		if err != nil {
+			return err
+		}
+		return f.seed(ctx, q, store.Table(), r.expired, r.expired+r.live, seedRows{keys: keys, origin: origin}, progress)
+	})
 	if err == nil {
 		err = f.settle(ctx, store.Table(), undo)
 	}
@@ -129,6 +132,10 @@ func (b *bench) purgeOnce(ctx context.Context, d dialect, m purgeMethod, size in
 		time.Since(start).Seconds(), machineLoad())
 
 	if r.undoBefore, err = f.undoBacklog(ctx); err != nil {
+		return res, err
+	}
+	reads, err := f.poolReads(ctx)
+	if err != nil {
 		return res, err
 	}
 	mark, err := f.walPosition(ctx)
@@ -145,6 +152,14 @@ func (b *bench) purgeOnce(ctx context.Context, d dialect, m purgeMethod, size in
 		return res, err
 	}
 	b.logf("purge %s (%s keys): %s removed %d rows in %.1f s (%s)", d.name, keys, m.name, deleted, res.seconds, machineLoad())
+	if d.name == "mysql" {
+		n, err := f.poolReads(ctx)
+		if err != nil {
+			return res, err
+		}
+		b.logf("purge %s (%s keys): %d InnoDB buffer pool reads from disk meanwhile (Innodb_buffer_pool_reads, server-wide), %.2f per row",
+			d.name, keys, n-reads, float64(n-reads)/float64(max(deleted, 1)))
+	}
 	if m.after != nil {
 		if mark, err = f.walPosition(ctx); err != nil {
 			return res, err
@@ -223,6 +238,15 @@ func afterDelete(ctx context.Context, r *purgeRun) error {
 		return err
 	}
 	return nil
+}
+
+// poolReads is MariaDB's Innodb_buffer_pool_reads: pages read from disk
+// because the buffer pool did not hold them (server-wide). 0 elsewhere.
+func (f *fixture) poolReads(ctx context.Context) (int64, error) {
+	if f.d.name != "mysql" {
+		return 0, nil
+	}
+	return f.globalStatus(ctx, "INNODB_BUFFER_POOL_READS")
 }
 
 // walMark is a position in the write-ahead log: PostgreSQL's LSN, or
