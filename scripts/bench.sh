@@ -4,8 +4,17 @@
 # run (docs/benchmarks.md explains every line):
 #
 #   BENCH scenario=<name> dialect=<pg|mysql|sqlite> workers=<n> msgs=<n> msgs_per_s=<x> p50_us=<x> p99_us=<x> allocs_per_msg=<x>
-#   SEED dialect=<d> rows=<n> added=<n> seconds=<x>
+#   SEED dialect=<d> rows=<n> added=<n> seconds=<x>            (keys=uuidv7 appended for time-ordered keys)
 #   RATIO <name> dialect=<d> workers=<n> value=<x>
+#   PURGE dialect=<d> method=delete rows=<n> seconds=<x> wal_bytes=<n> after_seconds=<x> after_wal_bytes=<n> keys=<random|uuidv7> batch=<n>
+#
+# A PURGE line is one purge of <rows> expired records (and a tenth as many
+# live ones that must stay) from a fresh inbox: seconds and wal_bytes are
+# the removal (method delete: inbox.Store.Purge, <batch> rows per DELETE,
+# no pause), after_* the maintenance it leaves (PostgreSQL: VACUUM of the
+# table; MariaDB: the wait until InnoDB's purge threads are through;
+# SQLite: 0). WAL bytes are pg_wal_lsn_diff on PostgreSQL, the growth of
+# Innodb_lsn_current (redo log) on MariaDB, both server-wide; 0 on SQLite.
 #
 # Flags go to the program (tests/bench):
 #
@@ -13,14 +22,18 @@
 #   --dialects pg,mysql,sqlite
 #   --workers 1,8,32
 #   --scenarios plain,plain_stmt,inboxmill,inboxmill_dup,inboxmill_dup_tx,inboxmill_reserve,watermill_dedup,
-#               select_then_insert,growth,kafka,sqlqueue
+#               select_then_insert,growth,kafka,sqlqueue (the default), and purge (only when named)
 #   --msgs N                messages per measurement (5000 by default)
 #   --rounds N              measurements per scenario, dialect and worker count, interleaved;
 #                           BENCH reports the median (3 by default; each round is logged to stderr)
 #   --growth 0,1m,10m       inbox sizes for the growth scenario
+#   --keys random,uuidv7    event IDs for growth and purge: random (UUIDv4, the default) and/or
+#                           time-ordered (UUIDv7); growth's uuidv7 scenarios are growth_uuidv7_<size>
+#   --purge 1m,10m          expired rows for the purge scenario (1m; --quick 100k, --smoke 1k)
+#   --purge-batch N         rows per purge DELETE (default inbox.DefaultPurgeBatchSize, 1000)
 #   --prepare auto          the stores' inbox.Config.Prepare (auto, always, never)
 #   --cpuprofile FILE       CPU profile of the whole run, for go tool pprof
-#   --markdown FILE         the results and ratios as Markdown tables
+#   --markdown FILE         the results, ratios and purges as Markdown tables
 #
 # PostgreSQL and MariaDB are those of scripts/test.sh (127.0.0.1, database
 # test), or INBOXMILL_POSTGRES_DSN / INBOXMILL_MYSQL_DSN; leave a server out

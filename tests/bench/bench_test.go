@@ -13,9 +13,10 @@ import (
 )
 
 // TestSmoke runs the benchmark program in its --smoke mode on each database
-// — a few messages per scenario, growth up to a thousand rows — so that CI
-// proves every scenario still runs, checks its effects and prints its lines.
-// It checks the output's shape, never the numbers.
+// — a few messages per scenario, growth up to a thousand rows with both key
+// orders, a purge of a thousand rows — so that CI proves every scenario
+// still runs, checks its effects and prints its lines. It checks the
+// output's shape, never the numbers.
 func TestSmoke(t *testing.T) {
 	for _, tc := range []struct {
 		dialect string
@@ -31,13 +32,14 @@ func TestSmoke(t *testing.T) {
 				testdb.Open(t, tc.kind) // skips, or fails with CI set, when the server is down
 			}
 			var stdout, stderr bytes.Buffer
-			err := run(t.Context(), []string{"--smoke", "--dialects", tc.dialect}, &stdout, &stderr)
+			err := run(t.Context(), []string{"--smoke", "--dialects", tc.dialect, "--scenarios", strings.Join(allScenarios, ","),
+				"--keys", "uuidv7,random"}, &stdout, &stderr)
 			t.Log(stderr.String())
 			require.NoError(t, err, stdout.String())
 
-			bench, ratios := parseOutput(t, stdout.String())
+			bench, ratios, purges := parseOutput(t, stdout.String())
 			want := []string{"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup",
-				"select_then_insert", "growth_empty", "growth_1k"}
+				"select_then_insert", "growth_empty", "growth_1k", "growth_uuidv7_empty", "growth_uuidv7_1k"}
 			for _, s := range want {
 				for _, w := range []string{"1", "2"} {
 					require.Contains(t, bench, s+"/"+w, "no BENCH line for %s with %s workers", s, w)
@@ -49,20 +51,33 @@ func TestSmoke(t *testing.T) {
 				require.Contains(t, bench, "sqlqueue_plain/1")
 				require.Contains(t, bench, "sqlqueue_inboxmill/1")
 			}
-			for _, r := range []string{"inboxmill_vs_plain", "group_vs_plain", "one_statement_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "growth_p50_1k_vs_empty"} {
+			for _, r := range []string{"inboxmill_vs_plain", "group_vs_plain", "one_statement_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "growth_p50_1k_vs_empty",
+				"growth_uuidv7_p99_1k_vs_empty", "growth_p50_1k_uuidv7_vs_random", "growth_p99_empty_uuidv7_vs_random"} {
 				for _, w := range []string{"1", "2"} {
 					require.Contains(t, ratios, r+"/"+w)
+				}
+			}
+			for _, keys := range []string{"random", "uuidv7"} {
+				kv, ok := purges["delete/"+keys]
+				require.True(t, ok, "no PURGE line for delete with %s keys", keys)
+				require.Equal(t, tc.dialect, kv["dialect"])
+				require.Equal(t, "1000", kv["rows"])
+				require.Equal(t, "1000", kv["batch"]) // inbox.DefaultPurgeBatchSize
+				if tc.dialect != "sqlite" {
+					wal, _ := strconv.ParseInt(kv["wal_bytes"], 10, 64)
+					require.Positive(t, wal, "a DELETE writes to the log")
 				}
 			}
 		})
 	}
 }
 
-// parseOutput checks every BENCH and RATIO line's fields and returns them
-// keyed by "<scenario or ratio>/<workers>".
-func parseOutput(t *testing.T, out string) (bench, ratios map[string]map[string]string) {
+// parseOutput checks every BENCH, RATIO and PURGE line's fields and returns
+// them keyed by "<scenario or ratio>/<workers>", and "<method>/<keys>" for
+// PURGE lines.
+func parseOutput(t *testing.T, out string) (bench, ratios, purges map[string]map[string]string) {
 	t.Helper()
-	bench, ratios = map[string]map[string]string{}, map[string]map[string]string{}
+	bench, ratios, purges = map[string]map[string]string{}, map[string]map[string]string{}, map[string]map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -88,12 +103,28 @@ func parseOutput(t *testing.T, out string) (bench, ratios map[string]map[string]
 			require.NoError(t, err, sc.Text())
 			require.Greater(t, v, 0.0, sc.Text())
 			ratios[fields[1]+"/"+kv["workers"]] = kv
+		case "PURGE":
+			kv := keyValues(t, fields[1:])
+			for _, k := range []string{"dialect", "method", "rows", "seconds", "wal_bytes", "after_seconds", "after_wal_bytes", "keys", "batch"} {
+				require.Contains(t, kv, k, sc.Text())
+			}
+			for _, k := range []string{"rows", "wal_bytes", "after_wal_bytes", "batch"} {
+				v, err := strconv.ParseInt(kv[k], 10, 64)
+				require.NoError(t, err, sc.Text())
+				require.GreaterOrEqual(t, v, int64(0), sc.Text())
+			}
+			for _, k := range []string{"seconds", "after_seconds"} {
+				v, err := strconv.ParseFloat(kv[k], 64)
+				require.NoError(t, err, sc.Text())
+				require.GreaterOrEqual(t, v, 0.0, sc.Text())
+			}
+			purges[kv["method"]+"/"+kv["keys"]] = kv
 		case "SEED":
 		default:
 			t.Fatalf("unexpected output line %q", sc.Text())
 		}
 	}
-	return bench, ratios
+	return bench, ratios, purges
 }
 
 func keyValues(t *testing.T, fields []string) map[string]string {

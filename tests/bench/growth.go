@@ -6,75 +6,122 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
+// growthInbox is one inbox table of the growth scenario, for one key order.
+type growthInbox struct {
+	keys      keyOrder
+	store     *inbox.Store
+	m         *dedup.Deduplicator
+	deliver   message.HandlerFunc
+	seeded    int64
+	delivered int
+}
+
 // growth measures claim latency as the inbox fills: at each size of
-// opts.growth (rows already in the table), for each worker count and round,
-// fresh events through the transactional middleware. A message's latency here
-// ends when its handler starts, that is when the claim is made: key and
-// fingerprint, BEGIN and the INSERT into the inbox's primary key, which is
-// where size shows. One table serves every size; rows are added between
-// sizes and the time that takes is printed as a SEED line.
+// opts.growth (rows already in the table), for each key order of
+// opts.keys, worker count and round, fresh events through the
+// transactional middleware. A message's latency here ends when its handler
+// starts, that is when the claim is made: key and fingerprint, BEGIN and
+// the INSERT into the inbox's primary key, which is where size shows. Each
+// key order has one table for every size, its seeded rows and its measured
+// events keyed alike (uuidv7: the seeded keys sort in insertion order and
+// before every measured one, as older events' IDs would); rows are added
+// between sizes and the time that takes is printed as a SEED line. The
+// tables share one connection pool and the business table.
 func (b *bench) growth(ctx context.Context, d dialect) error {
 	f, err := b.newFixture(ctx, d, "growth", slices.Max(b.opts.workers)+2)
 	if err != nil {
 		return err
 	}
 	defer f.close()
-	store, err := f.newStore(ctx)
-	if err != nil {
-		return err
+	// Seeded uuidv7 keys end a second before now, whatever the size.
+	origin := time.Now().UnixMilli() - slices.Max(b.opts.growth) - 1000
+	var inboxes []*growthInbox
+	for _, keys := range b.opts.keys {
+		store, err := f.newStore(ctx)
+		if err != nil {
+			return err
+		}
+		m, err := dedup.New(store, dedupConfig(dedup.Transactional{}))
+		if err != nil {
+			return err
+		}
+		inboxes = append(inboxes, &growthInbox{keys: keys, store: store, m: m, deliver: m.Middleware(f.inClaimTx)})
 	}
-	m, err := dedup.New(store, dedupConfig(dedup.Transactional{}))
-	if err != nil {
-		return err
-	}
-	deliver := m.Middleware(f.inClaimTx)
-	var seeded int64
-	delivered := 0
 	for _, size := range b.opts.growth {
-		if size > seeded {
+		for _, in := range inboxes {
+			if size <= in.seeded {
+				continue
+			}
 			start := time.Now()
-			err := f.seed(ctx, store.Table(), seeded, size, func(done int64) {
-				b.logf("growth %s: %d of %d rows seeded after %v", d.name, done, size, time.Since(start).Round(time.Second))
-			})
+			undo, err := f.undoBacklog(ctx)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(b.out, "SEED dialect=%s rows=%d added=%d seconds=%.1f\n", d.name, size, size-seeded,
+			err = f.seed(ctx, f.db, in.store.Table(), in.seeded, size, seedRows{keys: in.keys, origin: origin}, func(done int64) {
+				b.logf("growth %s (%s keys): %d of %d rows seeded after %v", d.name, in.keys, done, size,
+					time.Since(start).Round(time.Second))
+			})
+			if err == nil {
+				err = f.settle(ctx, in.store.Table(), undo)
+			}
+			if err != nil {
+				return err
+			}
+			line := fmt.Sprintf("SEED dialect=%s rows=%d added=%d seconds=%.1f", d.name, size, size-in.seeded,
 				time.Since(start).Seconds())
-			seeded = size
+			if in.keys != keysRandom {
+				line += " keys=" + string(in.keys)
+			}
+			fmt.Fprintln(b.out, line)
+			in.seeded = size
 		}
-		// Rounds interleave the worker counts at one size; the median
-		// round is reported.
-		rounds := map[int][]result{}
+		// Rounds interleave the key orders and worker counts at one size;
+		// the median round is reported.
+		type cell struct {
+			keys    keyOrder
+			workers int
+		}
+		rounds := map[cell][]result{}
 		for round := 1; round <= b.opts.rounds; round++ {
-			for _, workers := range b.opts.workers {
-				warm := newMessages(max(2*workers, 16), nil)
-				marks := make([]time.Time, b.opts.msgs)
-				msgs := newMessages(b.opts.msgs, marks)
-				if err := deliverAll(ctx, workers, warm, deliver); err != nil {
-					return fmt.Errorf("warm-up: %w", err)
+			for _, in := range inboxes {
+				for _, workers := range b.opts.workers {
+					warm := newKeyedMessages(max(2*workers, 16), nil, in.keys)
+					marks := make([]time.Time, b.opts.msgs)
+					msgs := newKeyedMessages(b.opts.msgs, marks, in.keys)
+					if err := deliverAll(ctx, workers, warm, in.deliver); err != nil {
+						return fmt.Errorf("warm-up: %w", err)
+					}
+					r, err := measure(ctx, workers, msgs, in.deliver, marks)
+					if err != nil {
+						return err
+					}
+					in.delivered += len(warm) + len(msgs)
+					if st := in.m.Stats(); st != (dedup.Stats{Executed: uint64(in.delivered)}) {
+						return fmt.Errorf("middleware stats %+v, want %d executed", st, in.delivered)
+					}
+					r.scenario, r.dialect = in.keys.scenario("growth", size), d.name
+					if b.opts.rounds > 1 {
+						b.logf("round %d/%d: %s (%s)", round, b.opts.rounds, r, machineLoad())
+					}
+					rounds[cell{in.keys, workers}] = append(rounds[cell{in.keys, workers}], r)
 				}
-				r, err := measure(ctx, workers, msgs, deliver, marks)
-				if err != nil {
-					return err
-				}
-				delivered += len(warm) + len(msgs)
-				if st := m.Stats(); st != (dedup.Stats{Executed: uint64(delivered)}) {
-					return fmt.Errorf("middleware stats %+v, want %d executed", st, delivered)
-				}
-				r.scenario, r.dialect = "growth_"+sizeLabel(size), d.name
-				if b.opts.rounds > 1 {
-					b.logf("round %d/%d: %s (%s)", round, b.opts.rounds, r, machineLoad())
-				}
-				rounds[workers] = append(rounds[workers], r)
 			}
 		}
-		for _, workers := range b.opts.workers {
-			b.report(median(rounds[workers]))
+		for _, in := range inboxes {
+			for _, workers := range b.opts.workers {
+				b.report(median(rounds[cell{in.keys, workers}]))
+			}
 		}
+	}
+	delivered := 0
+	for _, in := range inboxes {
+		delivered += in.delivered
 	}
 	return f.expectRows(ctx, f.effects, delivered)
 }

@@ -9,6 +9,11 @@
 //
 //	BENCH scenario=<name> dialect=<pg|mysql|sqlite> workers=<n> msgs=<n> msgs_per_s=<x> p50_us=<x> p99_us=<x> allocs_per_msg=<x>
 //
+// except purge (not run unless named in --scenarios), which prints per
+// dialect, method, size and key order:
+//
+//	PURGE dialect=<d> method=<delete> rows=<n> seconds=<x> wal_bytes=<n> after_seconds=<x> after_wal_bytes=<n> keys=<k> batch=<n>
+//
 // and the run ends with ratios between measurements of the same run:
 //
 //	RATIO <name> dialect=<d> workers=<n> value=<x>
@@ -47,12 +52,17 @@ func main() {
 }
 
 // The scenarios, in the order they run. The first nine run per dialect and
-// worker count; growth per dialect and inbox size; kafka per dialect with
-// one worker per partition; sqlqueue on PostgreSQL with one subscriber.
+// worker count; growth per dialect, key order and inbox size; purge per
+// dialect, size and key order; kafka per dialect with one worker per
+// partition; sqlqueue on PostgreSQL with one subscriber.
 var allScenarios = []string{
 	"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
-	"growth", "kafka", "sqlqueue",
+	"growth", "purge", "kafka", "sqlqueue",
 }
+
+// defaultScenarios are those run when --scenarios is not given: all but
+// purge, which seeds and deletes a million rows per dialect.
+var defaultScenarios = slices.DeleteFunc(slices.Clone(allScenarios), func(s string) bool { return s == "purge" })
 
 // options are the parsed flags.
 type options struct {
@@ -63,6 +73,9 @@ type options struct {
 	msgs         int
 	rounds       int
 	growth       []int64
+	keys         []keyOrder
+	purge        []int64
+	purgeBatch   int
 	cpuProfile   string
 	markdown     string
 	prepare      inbox.Prepare
@@ -78,16 +91,19 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var (
 		o                                   options
 		dialects, workers, scenarios, sizes string
-		prepare                             string
+		prepare, keys, purgeSizes           string
 	)
 	fs.BoolVar(&o.quick, "quick", false, "fewer messages per measurement and growth up to 1M rows (under 5 minutes on 2 cores)")
 	fs.BoolVar(&o.smoke, "smoke", false, "a tiny run that only proves every scenario works (what the test runs)")
 	fs.StringVar(&dialects, "dialects", "pg,mysql,sqlite", "databases to measure: pg, mysql, sqlite")
 	fs.StringVar(&workers, "workers", "", "concurrent workers per measurement (default 1,8,32; 1,2 with --smoke)")
-	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(defaultScenarios, ","), "scenarios to run (purge only when named)")
 	fs.IntVar(&o.msgs, "msgs", 0, "messages per measurement (default 5000; 1000 with --quick; 24 with --smoke)")
 	fs.IntVar(&o.rounds, "rounds", 0, "measurements per scenario, dialect and worker count, interleaved; the median is reported (default 3)")
 	fs.StringVar(&sizes, "growth", "", "inbox sizes for growth, e.g. 0,1m,10m (default 0,1m,10m; 0,1m with --quick; 0,1k with --smoke)")
+	fs.StringVar(&keys, "keys", "random", "event ID orders for growth and purge: random (UUIDv4), uuidv7 (time-ordered), or both")
+	fs.StringVar(&purgeSizes, "purge", "", "expired rows for purge, e.g. 1m,10m (default 1m; 100k with --quick; 1k with --smoke)")
+	fs.IntVar(&o.purgeBatch, "purge-batch", 0, "purge's inbox.PurgeParams.BatchSize (default: the library's, inbox.DefaultPurgeBatchSize)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.StringVar(&prepare, "prepare", "auto", "the stores' inbox.Config.Prepare: auto, always or never")
 	fs.IntVar(&o.group.Coordinators, "group-coordinators", 0, "inboxmill_group's dedup.Group.Coordinators (default: the library's)")
@@ -178,6 +194,33 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if len(o.growth) > 0 && o.growth[0] != 0 {
 		o.growth = append([]int64{0}, o.growth...) // ratios are against the empty inbox
 	}
+	if k, err := parseKeys(keys); err != nil {
+		errs = append(errs, err)
+	} else {
+		o.keys = k
+	}
+	switch {
+	case purgeSizes != "":
+		for _, s := range splitList(purgeSizes) {
+			n, err := parseSize(s)
+			if err == nil && n == 0 {
+				err = fmt.Errorf("%q: a purge needs rows", s)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--purge: %w", err))
+			}
+			o.purge = append(o.purge, n)
+		}
+	case o.smoke:
+		o.purge = []int64{1000}
+	case o.quick:
+		o.purge = []int64{100_000}
+	default:
+		o.purge = []int64{1_000_000}
+	}
+	if o.purgeBatch < 0 {
+		errs = append(errs, fmt.Errorf("--purge-batch %d is negative", o.purgeBatch))
+	}
 	return o, errors.Join(errs...)
 }
 
@@ -243,8 +286,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	defer b.close()
 	start := time.Now()
-	b.logf("dialects=%s workers=%v msgs=%d rounds=%d scenarios=%s (%s)", strings.Join(o.dialects, ","), o.workers, o.msgs,
-		o.rounds, strings.Join(o.scenarios, ","), machineLoad())
+	b.logf("dialects=%s workers=%v msgs=%d rounds=%d scenarios=%s keys=%v (%s)", strings.Join(o.dialects, ","), o.workers, o.msgs,
+		o.rounds, strings.Join(o.scenarios, ","), o.keys, machineLoad())
 	if err := b.runAll(ctx); err != nil {
 		return err
 	}
@@ -293,6 +336,11 @@ func (b *bench) runAll(ctx context.Context) error {
 		if b.opts.has("growth") {
 			if err := b.growth(ctx, d); err != nil {
 				return fmt.Errorf("growth on %s: %w", d.name, err)
+			}
+		}
+		if b.opts.has("purge") {
+			if err := b.purge(ctx, d); err != nil {
+				return fmt.Errorf("purge on %s: %w", d.name, err)
 			}
 		}
 	}

@@ -52,10 +52,15 @@ const eventPayload = `{"order_id":"o-%d","amount":%d,"currency":"EUR","sent_at":
 // UUID event ID, it lands anywhere in the key index). With marks, message i
 // carries &marks[i] in its context for a handler to stamp (see markClaimed).
 func newMessages(n int, marks []time.Time) []*message.Message {
+	return newKeyedMessages(n, marks, keysRandom)
+}
+
+// newKeyedMessages is newMessages with event IDs made as keys says.
+func newKeyedMessages(n int, marks []time.Time, keys keyOrder) []*message.Message {
 	msgs := make([]*message.Message, n)
 	for i := range msgs {
 		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, eventPayload, i, 100+i%900))
-		msg.Metadata.Set("event_id", "evt-"+watermill.NewUUID())
+		msg.Metadata.Set("event_id", keys.eventID())
 		if marks != nil {
 			msg.SetContext(context.WithValue(context.Background(), markKey{}, &marks[i]))
 		}

@@ -66,7 +66,9 @@ func targetFor(r ratio) (target, bool) {
 		return target{atLeast: true, value: 0.85, dialect: "pg", workers: 8}, true
 	case name == "dup_vs_fresh":
 		return target{atLeast: true, value: 2.5}, true
-	case strings.HasPrefix(name, "growth_p50_"):
+	case strings.HasSuffix(name, "_uuidv7_vs_random"):
+		return target{}, false
+	case strings.HasPrefix(name, "growth_p50_"), strings.HasPrefix(name, "growth_uuidv7_p50_"):
 		return target{value: 1.5}, true
 	}
 	return target{}, false
@@ -101,21 +103,48 @@ func (b *bench) ratios() []ratio {
 			throughput("watermill_dedup_vs_plain", "watermill_dedup", "plain", dialect, w)
 			throughput("select_then_insert_vs_plain", "select_then_insert", "plain", dialect, w)
 			throughput("inboxmill_vs_select_then_insert", "inboxmill", "select_then_insert", dialect, w)
-			empty, ok := b.find("growth_empty", dialect, w)
-			if !ok || empty.p50 <= 0 || empty.p99 <= 0 {
-				continue
-			}
-			for _, size := range b.opts.growth[1:] {
-				label := sizeLabel(size)
-				if g, ok := b.find("growth_"+label, dialect, w); ok {
-					out = append(out,
-						ratio{name: "growth_p50_" + label + "_vs_empty", dialect: dialect, workers: w, value: float64(g.p50) / float64(empty.p50)},
-						ratio{name: "growth_p99_" + label + "_vs_empty", dialect: dialect, workers: w, value: float64(g.p99) / float64(empty.p99)})
-				}
-			}
+			out = append(out, b.growthRatios(dialect, w)...)
 		}
 		throughput("kafka_inboxmill_vs_plain", "kafka_inboxmill", "kafka_plain", dialect, partitions)
 		throughput("sqlqueue_inboxmill_vs_plain", "sqlqueue_inboxmill", "sqlqueue_plain", dialect, 1)
+	}
+	return out
+}
+
+// growthRatios are the growth scenario's latency ratios (lower is better)
+// at one worker count: each size against the empty inbox, per key order
+// (growth_p50_10m_vs_empty, growth_uuidv7_p50_10m_vs_empty), and uuidv7
+// keys against random ones at each size (growth_p50_10m_uuidv7_vs_random).
+func (b *bench) growthRatios(dialect string, w int) []ratio {
+	var out []ratio
+	latency := func(name string, num, den result) {
+		if den.p50 > 0 && den.p99 > 0 {
+			out = append(out,
+				ratio{name: fmt.Sprintf(name, "p50"), dialect: dialect, workers: w, value: float64(num.p50) / float64(den.p50)},
+				ratio{name: fmt.Sprintf(name, "p99"), dialect: dialect, workers: w, value: float64(num.p99) / float64(den.p99)})
+		}
+	}
+	for _, keys := range b.opts.keys {
+		prefix := "growth_"
+		if keys != keysRandom {
+			prefix += string(keys) + "_"
+		}
+		empty, ok := b.find(keys.scenario("growth", 0), dialect, w)
+		if !ok || len(b.opts.growth) == 0 {
+			continue
+		}
+		for _, size := range b.opts.growth[1:] {
+			if g, ok := b.find(keys.scenario("growth", size), dialect, w); ok {
+				latency(prefix+"%s_"+sizeLabel(size)+"_vs_empty", g, empty)
+			}
+		}
+	}
+	for _, size := range b.opts.growth {
+		r, ok1 := b.find(keysRandom.scenario("growth", size), dialect, w)
+		v, ok2 := b.find(keysUUIDv7.scenario("growth", size), dialect, w)
+		if ok1 && ok2 {
+			latency("growth_%s_"+sizeLabel(size)+"_uuidv7_vs_random", v, r)
+		}
 	}
 	return out
 }
@@ -126,13 +155,32 @@ func (b *bench) printRatios() {
 	}
 }
 
-// markdownTables renders the results and the ratios for docs/benchmarks.md.
+// markdownTables renders the results, the ratios and the purges for
+// docs/benchmarks.md.
 func (b *bench) markdownTables() string {
 	var s strings.Builder
+	if len(b.results) > 0 {
+		b.benchTables(&s)
+	}
+	if len(b.purges) > 0 {
+		if len(b.results) > 0 {
+			s.WriteString("\n")
+		}
+		s.WriteString("| dialect | method | keys | batch | rows | seconds | WAL / redo bytes | after: seconds | after: WAL / redo bytes |\n")
+		s.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|\n")
+		for _, r := range b.purges {
+			fmt.Fprintf(&s, "| %s | %s | %s | %d | %d | %.1f | %d | %.1f | %d |\n",
+				r.dialect, r.method, r.keys, r.batch, r.rows, r.seconds, r.walBytes, r.afterSeconds, r.afterWALBytes)
+		}
+	}
+	return s.String()
+}
+
+func (b *bench) benchTables(s *strings.Builder) {
 	s.WriteString("| scenario | dialect | workers | msgs | msgs/s | p50 µs | p99 µs | allocs/msg |\n")
 	s.WriteString("|---|---|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range b.results {
-		fmt.Fprintf(&s, "| %s | %s | %d | %d | %.0f | %.0f | %.0f | %.0f |\n",
+		fmt.Fprintf(s, "| %s | %s | %d | %d | %.0f | %.0f | %.0f | %.0f |\n",
 			r.scenario, r.dialect, r.workers, r.msgs, r.perSec, micros(r.p50), micros(r.p99), r.allocs)
 	}
 	s.WriteString("\n| ratio | dialect | workers | value | target |\n|---|---|--:|--:|---|\n")
@@ -144,7 +192,6 @@ func (b *bench) markdownTables() string {
 				status = t.String() + ": met"
 			}
 		}
-		fmt.Fprintf(&s, "| %s | %s | %d | %.2f | %s |\n", r.name, r.dialect, r.workers, r.value, status)
+		fmt.Fprintf(s, "| %s | %s | %d | %.2f | %s |\n", r.name, r.dialect, r.workers, r.value, status)
 	}
-	return s.String()
 }
