@@ -105,6 +105,8 @@ type fixture struct {
 	prepare inbox.Prepare
 	group   dedup.Group // inboxmill_group's settings
 	logf    func(format string, args ...any)
+	// cleanups run at close, before the tables are dropped.
+	cleanups []func(ctx context.Context)
 }
 
 // newFixture opens a dedicated *sql.DB with conns connections and creates
@@ -191,6 +193,9 @@ func (f *fixture) awaitRows(ctx context.Context, table string, want int) error {
 func (f *fixture) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	for _, c := range f.cleanups {
+		c(ctx)
+	}
 	for _, t := range f.tables {
 		_ = f.exec(ctx, "DROP TABLE IF EXISTS "+t)
 	}
@@ -215,6 +220,10 @@ type seedRows struct {
 	// they would in a table filled over time. Other rows are created now
 	// and expire in seven days.
 	expired bool
+	// bucket, when set, is the SQL of a partitioned inbox's bucket column
+	// (PostgreSQL only), over the row source's columns; unset, a
+	// partitioned table puts rows in the current bucket.
+	bucket string
 }
 
 // seed adds the rows from+1 … to to an inbox table with server-side
@@ -242,12 +251,16 @@ func (f *fixture) seed(ctx context.Context, q execer, table string, from, to int
 				created = "now() - interval '9 days' + n * interval '1 millisecond'"
 				expires = "now() - interval '2 days' + n * interval '1 millisecond'"
 			}
+			bucketCol, bucket := "", ""
+			if rows.bucket != "" {
+				bucketCol, bucket = ", bucket", ", "+rows.bucket
+			}
 			err = exec(fmt.Sprintf(`INSERT INTO %s (scope, operation, key, payload_hash, status, attempt,
-	created_at, updated_at, expires_at)
-SELECT '', 'bench', %s, sha256(('seed-' || n)::bytea), 'completed', 1, %s, %s, %s
+	created_at, updated_at, expires_at%s)
+SELECT '', 'bench', %s, sha256(('seed-' || n)::bytea), 'completed', 1, %s, %s, %s%s
 FROM (SELECT g AS n, lpad(to_hex(%d::bigint + g), 12, '0') AS h, md5('seed-' || g) AS m
 	FROM generate_series($1::bigint, $2::bigint) AS g) AS s
-ORDER BY 3`, table, key, created, created, expires, rows.origin), lo, hi)
+ORDER BY 3`, table, bucketCol, key, created, created, expires, bucket, rows.origin), lo, hi)
 		case "mysql":
 			created, expires := "UTC_TIMESTAMP(6)", "UTC_TIMESTAMP(6) + INTERVAL 7 DAY"
 			if rows.expired {

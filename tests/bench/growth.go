@@ -15,6 +15,7 @@ import (
 // growthInbox is one inbox table of the growth scenario, for one key order.
 type growthInbox struct {
 	keys      keyOrder
+	layout    string // layoutPlain or layoutPartitioned
 	store     *inbox.Store
 	m         *dedup.Deduplicator
 	deliver   message.HandlerFunc
@@ -42,16 +43,26 @@ func (b *bench) growth(ctx context.Context, d dialect) error {
 	// Seeded uuidv7 keys end a second before now, whatever the size.
 	origin := time.Now().UnixMilli() - slices.Max(b.opts.growth) - 1000
 	var inboxes []*growthInbox
-	for _, keys := range b.opts.keys {
-		store, err := f.newStore(ctx)
-		if err != nil {
-			return err
+	for _, layout := range b.opts.layouts {
+		if layout == layoutPartitioned && d.name != "pg" {
+			continue
 		}
-		m, err := dedup.New(store, dedupConfig(dedup.Transactional{}))
-		if err != nil {
-			return err
+		for _, keys := range b.opts.keys {
+			newStore := f.newStore
+			if layout == layoutPartitioned {
+				newStore = f.newPartitionedStore
+			}
+			store, err := newStore(ctx)
+			if err != nil {
+				return err
+			}
+			m, err := dedup.New(store, dedupConfig(dedup.Transactional{}))
+			if err != nil {
+				return err
+			}
+			inboxes = append(inboxes, &growthInbox{keys: keys, layout: layout, store: store, m: m,
+				deliver: m.Middleware(f.inClaimTx)})
 		}
-		inboxes = append(inboxes, &growthInbox{keys: keys, store: store, m: m, deliver: m.Middleware(f.inClaimTx)})
 	}
 	for _, size := range b.opts.growth {
 		for _, in := range inboxes {
@@ -63,8 +74,12 @@ func (b *bench) growth(ctx context.Context, d dialect) error {
 			if err != nil {
 				return err
 			}
-			err = f.seed(ctx, f.db, in.store.Table(), in.seeded, size, seedRows{keys: in.keys, origin: origin}, func(done int64) {
-				b.logf("growth %s (%s keys): %d of %d rows seeded after %v", d.name, in.keys, done, size,
+			rows := seedRows{keys: in.keys, origin: origin}
+			if in.layout == layoutPartitioned {
+				rows.bucket = bucketSpread
+			}
+			err = f.seed(ctx, f.db, in.store.Table(), in.seeded, size, rows, func(done int64) {
+				b.logf("growth %s (%s keys, %s): %d of %d rows seeded after %v", d.name, in.keys, in.layout, done, size,
 					time.Since(start).Round(time.Second))
 			})
 			if err == nil {
@@ -78,13 +93,16 @@ func (b *bench) growth(ctx context.Context, d dialect) error {
 			if in.keys != keysRandom {
 				line += " keys=" + string(in.keys)
 			}
+			if in.layout != layoutPlain {
+				line += " layout=" + in.layout
+			}
 			fmt.Fprintln(b.out, line)
 			in.seeded = size
 		}
 		// Rounds interleave the key orders and worker counts at one size;
 		// the median round is reported.
 		type cell struct {
-			keys    keyOrder
+			in      *growthInbox
 			workers int
 		}
 		rounds := map[cell][]result{}
@@ -105,17 +123,17 @@ func (b *bench) growth(ctx context.Context, d dialect) error {
 					if st := in.m.Stats(); st != (dedup.Stats{Executed: uint64(in.delivered)}) {
 						return fmt.Errorf("middleware stats %+v, want %d executed", st, in.delivered)
 					}
-					r.scenario, r.dialect = in.keys.scenario("growth", size), d.name
+					r.scenario, r.dialect = in.keys.scenario(in.base(), size), d.name
 					if b.opts.rounds > 1 {
 						b.logf("round %d/%d: %s (%s)", round, b.opts.rounds, r, machineLoad())
 					}
-					rounds[cell{in.keys, workers}] = append(rounds[cell{in.keys, workers}], r)
+					rounds[cell{in, workers}] = append(rounds[cell{in, workers}], r)
 				}
 			}
 		}
 		for _, in := range inboxes {
 			for _, workers := range b.opts.workers {
-				b.report(median(rounds[cell{in.keys, workers}]))
+				b.report(median(rounds[cell{in, workers}]))
 			}
 		}
 	}
@@ -124,4 +142,13 @@ func (b *bench) growth(ctx context.Context, d dialect) error {
 		delivered += in.delivered
 	}
 	return f.expectRows(ctx, f.effects, delivered)
+}
+
+// base is the scenario name of the inbox's measurements before the key
+// order and size: growth, or growth_partitioned.
+func (in *growthInbox) base() string {
+	if in.layout == layoutPlain {
+		return "growth"
+	}
+	return "growth_" + in.layout
 }

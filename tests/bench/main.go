@@ -74,6 +74,7 @@ type options struct {
 	rounds       int
 	growth       []int64
 	keys         []keyOrder
+	layouts      []string
 	purge        []int64
 	purgeBatch   int
 	cpuProfile   string
@@ -91,7 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var (
 		o                                   options
 		dialects, workers, scenarios, sizes string
-		prepare, keys, purgeSizes           string
+		prepare, keys, purgeSizes, layouts  string
 	)
 	fs.BoolVar(&o.quick, "quick", false, "fewer messages per measurement and growth up to 1M rows (under 5 minutes on 2 cores)")
 	fs.BoolVar(&o.smoke, "smoke", false, "a tiny run that only proves every scenario works (what the test runs)")
@@ -101,6 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.msgs, "msgs", 0, "messages per measurement (default 5000; 1000 with --quick; 24 with --smoke)")
 	fs.IntVar(&o.rounds, "rounds", 0, "measurements per scenario, dialect and worker count, interleaved; the median is reported (default 3)")
 	fs.StringVar(&sizes, "growth", "", "inbox sizes for growth, e.g. 0,1m,10m (default 0,1m,10m; 0,1m with --quick; 0,1k with --smoke)")
+	fs.StringVar(&layouts, "layouts", layoutPlain, "inbox tables for growth: plain, partitioned (PostgreSQL's, day partitions), or both")
 	fs.StringVar(&keys, "keys", "random", "event ID orders for growth and purge: random (UUIDv4), uuidv7 (time-ordered), or both")
 	fs.StringVar(&purgeSizes, "purge", "", "expired rows for purge, e.g. 1m,10m (default 1m; 100k with --quick; 1k with --smoke)")
 	fs.IntVar(&o.purgeBatch, "purge-batch", 0, "purge's inbox.PurgeParams.BatchSize (default: the library's, inbox.DefaultPurgeBatchSize)")
@@ -193,6 +195,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o.growth = slices.Compact(o.growth)
 	if len(o.growth) > 0 && o.growth[0] != 0 {
 		o.growth = append([]int64{0}, o.growth...) // ratios are against the empty inbox
+	}
+	for _, l := range splitList(layouts) {
+		if l != layoutPlain && l != layoutPartitioned {
+			errs = append(errs, fmt.Errorf("--layouts: unknown layout %q (plain, partitioned)", l))
+		} else if !slices.Contains(o.layouts, l) {
+			o.layouts = append(o.layouts, l)
+		}
 	}
 	if k, err := parseKeys(keys); err != nil {
 		errs = append(errs, err)

@@ -66,7 +66,8 @@ func targetFor(r ratio) (target, bool) {
 		return target{atLeast: true, value: 0.85, dialect: "pg", workers: 8}, true
 	case name == "dup_vs_fresh":
 		return target{atLeast: true, value: 2.5}, true
-	case strings.HasSuffix(name, "_uuidv7_vs_random"):
+	case strings.HasSuffix(name, "_uuidv7_vs_random"), strings.HasSuffix(name, "_partitioned_vs_plain"),
+		strings.HasPrefix(name, "growth_partitioned_"):
 		return target{}, false
 	case strings.HasPrefix(name, "growth_p50_"), strings.HasPrefix(name, "growth_uuidv7_p50_"):
 		return target{value: 1.5}, true
@@ -144,6 +145,19 @@ func (b *bench) growthRatios(dialect string, w int) []ratio {
 		v, ok2 := b.find(keysUUIDv7.scenario("growth", size), dialect, w)
 		if ok1 && ok2 {
 			latency("growth_%s_"+sizeLabel(size)+"_uuidv7_vs_random", v, r)
+		}
+		// The partitioned table against the plain one, random keys.
+		pt, ok3 := b.find(keysRandom.scenario("growth_"+layoutPartitioned, size), dialect, w)
+		if ok1 && ok3 {
+			latency("growth_%s_"+sizeLabel(size)+"_partitioned_vs_plain", pt, r)
+		}
+	}
+	// The partitioned table at each size against its empty self.
+	if empty, ok := b.find(keysRandom.scenario("growth_"+layoutPartitioned, 0), dialect, w); ok && len(b.opts.growth) > 0 {
+		for _, size := range b.opts.growth[1:] {
+			if g, ok := b.find(keysRandom.scenario("growth_"+layoutPartitioned, size), dialect, w); ok {
+				latency("growth_partitioned_%s_"+sizeLabel(size)+"_vs_empty", g, empty)
+			}
 		}
 	}
 	return out
