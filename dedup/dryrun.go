@@ -58,7 +58,8 @@ type DryRunResult struct {
 	// Record is the record holding the key, nil when there is none.
 	Record *inbox.Record
 	// Err says why the message is DryRunInvalid (a *KeyError or an error
-	// wrapping ErrInvalidKey or ErrFingerprint) or DryRunConflict (an
+	// wrapping ErrInvalidKey, ErrFingerprint, ErrInvalidEventTime or, for a
+	// partitioned store, ErrBeyondRetention) or DryRunConflict (an
 	// *inbox.ConflictError); nil otherwise.
 	Err error
 }
@@ -93,6 +94,13 @@ func (d *Deduplicator) DryRun(ctx context.Context, msg *message.Message, publish
 
 	rec, err := d.store.Get(ctx, d.store.DB(), id.ID)
 	if errors.Is(err, inbox.ErrNotFound) {
+		if closed, ok := d.bucketClosed(id.eventTime); ok {
+			// A partitioned inbox refuses it: it cannot tell whether it ran.
+			res.Class = DryRunInvalid
+			res.Err = fmt.Errorf("%w: its event time %s is in a bucket that closed at %s", ErrBeyondRetention,
+				id.eventTime.UTC().Format(time.RFC3339), closed.Format(time.RFC3339))
+			return res, nil
+		}
 		res.Class = DryRunNew
 		if d.beforeRetention(published) {
 			res.Class = DryRunExpired
@@ -115,6 +123,18 @@ func (d *Deduplicator) DryRun(ctx context.Context, msg *message.Message, publish
 		res.Class = DryRunDuplicate
 	}
 	return res, nil
+}
+
+// bucketClosed reports whether, in a partitioned store, the bucket of an
+// event of time t has closed (and when): the store then refuses a claim of
+// it that finds no record.
+func (d *Deduplicator) bucketClosed(t time.Time) (time.Time, bool) {
+	p, ok := d.store.Partitioning()
+	if !ok || t.IsZero() {
+		return time.Time{}, false
+	}
+	closes := p.Closes(p.Bucket(t))
+	return closes, !closes.After(d.store.Now())
 }
 
 // beforeRetention reports whether a message published at t is older than

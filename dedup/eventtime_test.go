@@ -114,3 +114,37 @@ func TestEventTimeRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestDryRunOnPartitionedStore: a dry run predicts the refusal of an event
+// whose bucket closed and that has no record (invalid, ErrBeyondRetention),
+// and answers one that still has its record as a duplicate.
+func TestDryRunOnPartitionedStore(t *testing.T) {
+	db := testdb.Open(t, testdb.PostgresPGX)
+	store := inboxtest.NewStore(t, db, postgres.Partitioned(postgres.Partitions{Retention: 48 * time.Hour}), inbox.Config{})
+	d, err := dedup.New(store, dedup.Config{
+		Key:       dedup.KeyFromMetadata("event_id"),
+		Operation: "ship",
+		EventTime: dedup.EventTimeFromMetadata("event_time"),
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	old := now.Add(-5 * 24 * time.Hour).Format(time.RFC3339)
+	recent := now.Add(-time.Hour).Format(time.RFC3339)
+
+	res, err := d.DryRun(ctx, deduptest.NewMessage("gone", `{}`, "event_time", old), time.Time{})
+	require.NoError(t, err)
+	assert.Equal(t, dedup.DryRunInvalid, res.Class)
+	require.ErrorIs(t, res.Err, dedup.ErrBeyondRetention)
+
+	res, err = d.DryRun(ctx, deduptest.NewMessage("fresh", `{}`, "event_time", recent), time.Time{})
+	require.NoError(t, err)
+	assert.Equal(t, dedup.DryRunNew, res.Class)
+
+	_, err = d.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(
+		deduptest.NewMessage("fresh", `{}`, "event_time", recent))
+	require.NoError(t, err)
+	res, err = d.DryRun(ctx, deduptest.NewMessage("fresh", `{}`, "event_time", recent), time.Time{})
+	require.NoError(t, err)
+	assert.Equal(t, dedup.DryRunDuplicate, res.Class)
+}

@@ -63,6 +63,7 @@ type options struct {
 
 	keyMetadata, keyJSON string
 	scopeMetadata, scope string
+	eventTimeMetadata    string
 	operation            string
 	ignoreFields         []string
 	rawFingerprint       bool
@@ -96,6 +97,8 @@ func (f *replayFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&o.keyJSON, "key-json", "", "the key is this dotted JSON path of the payload, as dedup.KeyFromJSON")
 	fs.StringVar(&o.scopeMetadata, "scope-metadata", "", "the scope is this metadata field, as dedup.ScopeFromMetadata")
 	fs.StringVar(&o.scope, "scope", "", "the scope of every message, as dedup.ScopeConstant (default \"\")")
+	fs.StringVar(&o.eventTimeMetadata, "event-time-metadata", "", "the event's time is this metadata field, as dedup.EventTimeFromMetadata "+
+		"(for a partitioned table: events in closed buckets without a record are refused, and counted invalid)")
 	fs.StringVar(&o.operation, "operation", "", "the operation: the router handler's name, or dedup.Config.Operation (required)")
 	fs.StringVar(&f.ignore, "ignore-fields", "", "dotted JSON paths left out of the fingerprint, comma-separated, as dedup.Config.IgnoreFields")
 	fs.BoolVar(&o.rawFingerprint, "raw-fingerprint", false, "fingerprint the raw payload, as dedup.RawFingerprint")
@@ -217,6 +220,9 @@ func (o options) dedupConfig() dedup.Config {
 	}
 	if o.rawFingerprint {
 		cfg.Fingerprint = dedup.RawFingerprint
+	}
+	if o.eventTimeMetadata != "" {
+		cfg.EventTime = dedup.EventTimeFromMetadata(o.eventTimeMetadata)
 	}
 	return cfg
 }
