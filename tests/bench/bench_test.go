@@ -14,7 +14,8 @@ import (
 
 // TestSmoke runs the benchmark program in its --smoke mode on each database
 // — a few messages per scenario, growth up to a thousand rows with both key
-// orders, a purge of a thousand rows — so that CI proves every scenario
+// orders and (PostgreSQL) both layouts, a purge of a thousand rows by each
+// method — so that CI proves every scenario
 // still runs, checks its effects and prints its lines. It checks the
 // output's shape, never the numbers.
 func TestSmoke(t *testing.T) {
@@ -33,7 +34,7 @@ func TestSmoke(t *testing.T) {
 			}
 			var stdout, stderr bytes.Buffer
 			err := run(t.Context(), []string{"--smoke", "--dialects", tc.dialect, "--scenarios", strings.Join(allScenarios, ","),
-				"--keys", "uuidv7,random"}, &stdout, &stderr)
+				"--keys", "uuidv7,random", "--layouts", "plain,partitioned"}, &stdout, &stderr)
 			t.Log(stderr.String())
 			require.NoError(t, err, stdout.String())
 
@@ -50,6 +51,18 @@ func TestSmoke(t *testing.T) {
 			if tc.dialect == "pg" {
 				require.Contains(t, bench, "sqlqueue_plain/1")
 				require.Contains(t, bench, "sqlqueue_inboxmill/1")
+				// The partitioned inbox: its growth, its ratios, its purge.
+				for _, s := range []string{"growth_partitioned_empty/1", "growth_partitioned_1k/2"} {
+					require.Contains(t, bench, s)
+				}
+				for _, r := range []string{"growth_p50_1k_partitioned_vs_plain/1", "growth_partitioned_p99_1k_vs_empty/2"} {
+					require.Contains(t, ratios, r)
+				}
+				kv, ok := purges["partition_drop/random"]
+				require.True(t, ok, "no PURGE line for partition_drop")
+				require.Equal(t, "1000", kv["rows"])
+			} else {
+				require.NotContains(t, bench, "growth_partitioned_empty/1", "only PostgreSQL has the partitioned table")
 			}
 			for _, r := range []string{"inboxmill_vs_plain", "group_vs_plain", "one_statement_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "growth_p50_1k_vs_empty",
 				"growth_uuidv7_p99_1k_vs_empty", "growth_p50_1k_uuidv7_vs_random", "growth_p99_empty_uuidv7_vs_random"} {
