@@ -124,6 +124,7 @@ func TestPartitionedClaimWaitsForTheHolder(t *testing.T) {
 		key := inbox.ID{Operation: "charge", Key: fmt.Sprintf("held-%v", commit)}
 		holder, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = holder.Rollback() })
 		res, err := store.Claim(ctx, holder, inbox.ClaimParams{ID: key, PayloadHash: hash("p"), EventTime: now})
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
@@ -328,22 +329,42 @@ func TestPartitionedEnsureIsIdempotentAndConcurrent(t *testing.T) {
 	assert.Equal(t, 1+cfg.Ahead+int(cfg.Retention/cfg.Width), total, "each missing bucket created once")
 }
 
-// TestPartitionedRefusesRepeatableRead: under REPEATABLE READ the key's
-// check would read a snapshot older than its lock, so the claim fails
-// rather than risk a second record.
-func TestPartitionedRefusesRepeatableRead(t *testing.T) {
+// TestPartitionedUnderRepeatableRead: in a transaction whose snapshot is
+// older than another's commit of the same key (watermill-sql consumes
+// under REPEATABLE READ), the claim fails with a transient serialization
+// error rather than miss the record; its retry sees it.
+func TestPartitionedUnderRepeatableRead(t *testing.T) {
 	store, db := partitionedStore(t, testdb.PostgresPGX, nil)
 	ctx := context.Background()
+	now := store.Now()
 	for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
-		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+		key := inbox.ID{Operation: "op", Key: level.String()}
+		late, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
 		require.NoError(t, err)
-		_, err = store.Claim(ctx, tx, inbox.ClaimParams{ID: inbox.ID{Operation: "op", Key: level.String()}, PayloadHash: hash("p")})
-		_ = tx.Rollback()
-		if level == sql.LevelRepeatableRead {
-			require.ErrorContains(t, err, "REPEATABLE READ")
-		} else {
-			require.NoError(t, err)
-		}
+		t.Cleanup(func() { _ = late.Rollback() })
+		var one int
+		require.NoError(t, late.QueryRow(`SELECT 1`).Scan(&one), "the snapshot is taken")
+
+		first, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = first.Rollback() })
+		res, err := store.Claim(ctx, first, inbox.ClaimParams{ID: key, PayloadHash: hash("p"), EventTime: now})
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.NoError(t, first.Commit())
+
+		_, err = store.Claim(ctx, late, inbox.ClaimParams{ID: key, PayloadHash: hash("p"), EventTime: now.Add(-24 * time.Hour)})
+		require.Error(t, err, "%v: the old snapshot cannot see the record", level)
+		assert.True(t, inbox.IsRetryable(err), "%v: %v", level, err)
+		_ = late.Rollback()
+
+		retry, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+		require.NoError(t, err)
+		res, err = store.Claim(ctx, retry, inbox.ClaimParams{ID: key, PayloadHash: hash("p"), EventTime: now.Add(-24 * time.Hour)})
+		require.NoError(t, err)
+		assert.False(t, res.Claimed, "%v: the retry is a duplicate", level)
+		require.NoError(t, retry.Commit())
+		assert.Equal(t, 1, rows(t, db, store.Table(), "key = $1", key.Key))
 	}
 }
 

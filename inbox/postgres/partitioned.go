@@ -21,10 +21,13 @@ type Partitions = inbox.Partitioning
 // row and leaves VACUUM to do.
 //
 // One record per (scope, operation, key) holds across partitions: a claim
-// takes a transaction-level advisory lock on its key and looks for the
+// locks its key's stripe (a row of "<table>_stripes") and looks for the
 // key in every partition before it inserts (migration 001 explains why
-// the primary key alone would not do). Claims run under READ COMMITTED
-// (the default) or SERIALIZABLE; under REPEATABLE READ they are refused.
+// the primary key alone would not do). Under READ COMMITTED a claim of a
+// key another transaction holds waits and then sees its outcome; under
+// REPEATABLE READ or SERIALIZABLE (watermill-sql's consuming transaction)
+// a claim whose snapshot predates another's commit of the key fails with
+// a serialization error, which is transient: the retry sees the record.
 // Each claim probes every partition's primary key, so keep the number of
 // partitions moderate (at most [inbox.MaxPartitions]).
 //
@@ -81,9 +84,9 @@ ON CONFLICT (scope, operation, key, bucket) DO NOTHING`,
 var partitionedRowArgs = append(append([]inbox.Arg{}, rowArgs...), inbox.ArgBucket)
 
 func (q partitionedQueries) InsertMany(int) inbox.RowsQuery {
-	// The claimable check runs on the rows in primary-key order (a
-	// volatile condition is not pushed into the ordered subquery), so two
-	// claiming transactions take their key locks in one order.
+	// The claimable check runs on the rows in stripe order (a volatile
+	// condition is not pushed into the ordered subquery), so two claiming
+	// transactions lock their stripes in one order and cannot deadlock.
 	return inbox.RowsQuery{SQL: inbox.MustRenderSQL(`INSERT INTO "{{table}}" (scope, operation, key, bucket, payload_hash,
 	status, attempt, correlation_id, error, created_at, updated_at, expires_at)
 SELECT r.scope, r.operation, r.key, r.bucket, r.payload_hash, r.status, 1, NULLIF(r.correlation_id, ''),
@@ -91,7 +94,7 @@ SELECT r.scope, r.operation, r.key, r.bucket, r.payload_hash, r.status, 1, NULLI
 FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[],
 		$8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::timestamptz[])
 		AS u(scope, operation, key, payload_hash, status, correlation_id, error, created_at, updated_at, expires_at, bucket)
-	ORDER BY u.scope, u.operation, u.key) AS r
+	ORDER BY "{{table}}_stripe"(u.scope, u.operation, u.key), u.scope, u.operation, u.key) AS r
 WHERE "{{table}}_claimable"(r.scope, r.operation, r.key)
 ON CONFLICT (scope, operation, key, bucket) DO NOTHING
 RETURNING scope, operation, key`, q.t), RowArgs: partitionedRowArgs, Array: arrayLiteral, Returning: true}

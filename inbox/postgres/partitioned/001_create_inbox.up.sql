@@ -5,11 +5,12 @@
 -- PostgreSQL's unique keys on a partitioned table must include the
 -- partition column, so the primary key alone would let one key have a row
 -- in two buckets. The claim therefore goes through "{{table}}_claimable",
--- which locks the key (a transaction-level advisory lock, which a
+-- which locks the key's stripe (a row of "{{table}}_stripes", which a
 -- concurrent claim of the same key waits for until this transaction ends)
--- and then looks for it in every partition, in a snapshot taken after the
--- lock: of two claims of one key, whatever their buckets, exactly one
--- inserts, and the other sees its committed row.
+-- and then looks for the key in every partition: of two claims of one
+-- key, whatever their buckets, exactly one inserts, and the other sees its
+-- committed row (or, under REPEATABLE READ, fails to serialize and is
+-- retried).
 --
 -- The table's name is written as a marker, quoted, which the store replaces
 -- with the configured name (default "inbox") when it applies this file.
@@ -46,21 +47,37 @@ CREATE INDEX IF NOT EXISTS "{{table}}_expires_at_idx" ON "{{table}}" (expires_at
 CREATE INDEX IF NOT EXISTS "{{table}}_status_lease_idx" ON "{{table}}" (status, lease_until)
     WHERE status IN ('processing', 'pending');
 
+-- The stripes serialize claims of one key, whatever their buckets: a
+-- claim updates its key's stripe row, so a concurrent claim of the same
+-- key (or, rarely, of another key of the same stripe) waits for it until
+-- its transaction ends. 16384 stripes keep unrelated claims apart.
+CREATE TABLE IF NOT EXISTS "{{table}}_stripes" (
+    stripe integer NOT NULL,
+    claims bigint  NOT NULL DEFAULT 0,
+    CONSTRAINT "{{table}}_stripes_pkey" PRIMARY KEY (stripe)
+);
+INSERT INTO "{{table}}_stripes" (stripe) SELECT s FROM generate_series(0, 16383) AS s ON CONFLICT DO NOTHING;
+
+-- The stripe of a key.
+CREATE OR REPLACE FUNCTION "{{table}}_stripe"(p_scope text, p_operation text, p_key text)
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+    SELECT ((hashtextextended(p_scope || chr(31) || p_operation || chr(31) || p_key, 0) % 16384 + 16384) % 16384)::integer
+$fn$;
+
 -- True when the key is free, after waiting for any transaction that holds
--- it. VOLATILE: its query takes a snapshot of its own, after the lock,
--- which sees a row that a concurrent claim committed meanwhile. Under
--- REPEATABLE READ the snapshot is the transaction's, older than the lock,
--- so claims refuse to run there (SERIALIZABLE is safe: it aborts one of
--- two such claims).
+-- its stripe. Under READ COMMITTED the check's query takes a snapshot of
+-- its own (the function is VOLATILE), after the wait, which sees a record
+-- that a concurrent claim committed meanwhile. Under REPEATABLE READ and
+-- SERIALIZABLE the snapshot is the transaction's, possibly older than
+-- that commit; but then the stripe row was updated by a transaction that
+-- committed after the snapshot, and the UPDATE fails with a serialization
+-- error (SQLSTATE 40001) instead: the claim is retried in a new
+-- transaction, which sees the record.
 CREATE OR REPLACE FUNCTION "{{table}}_claimable"(p_scope text, p_operation text, p_key text)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-    IF current_setting('transaction_isolation') = 'repeatable read' THEN
-        RAISE EXCEPTION 'inboxmill: a claim on a partitioned table cannot run under REPEATABLE READ; use READ COMMITTED or SERIALIZABLE'
-            USING ERRCODE = '0A000';
-    END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended(
-        '{{table}}' || chr(31) || p_scope || chr(31) || p_operation || chr(31) || p_key, 0));
+    UPDATE "{{table}}_stripes" SET claims = claims + 1
+        WHERE stripe = "{{table}}_stripe"(p_scope, p_operation, p_key);
     RETURN NOT EXISTS (SELECT 1 FROM "{{table}}" WHERE scope = p_scope AND operation = p_operation AND key = p_key);
 END
 $fn$;

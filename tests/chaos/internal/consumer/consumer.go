@@ -59,7 +59,7 @@ type config struct {
 	inboxTable, effectsTable, provider  string
 	dieAt, history                      string
 	dieAfter, pool                      int
-	lifeline, verbose                   bool
+	lifeline, verbose, partitioned      bool
 	ackDeadline, sqlPoll, closeDeadline time.Duration
 }
 
@@ -84,6 +84,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.dieAfter, "die-after", 1, "... the n-th time a delivery reaches it")
 	fs.IntVar(&c.pool, "pool", 4, "maximum open database connections")
 	fs.BoolVar(&c.lifeline, "lifeline", false, "stop when stdin reaches EOF (the driver is gone)")
+	fs.BoolVar(&c.partitioned, "partitioned", false, "PostgreSQL: the inbox table is partitioned (postgres.Partitioned)")
 	fs.BoolVar(&c.verbose, "v", false, "log what Watermill and inboxmill do, to stderr")
 	fs.DurationVar(&c.ackDeadline, "ack-deadline", 5*time.Second, "sql-queue: watermill-sql's AckDeadline")
 	fs.DurationVar(&c.sqlPoll, "sql-poll", 20*time.Millisecond, "sql-queue: poll interval of an empty queue")

@@ -38,6 +38,9 @@ func openDB(cfg config, out *lines) (*sql.DB, inbox.Dialect, error) {
 		return nil, nil, err
 	}
 	db, err := sql.Open("pgx", dsn)
+	if cfg.partitioned {
+		return db, postgres.Partitioned(postgres.Partitions{}), err
+	}
 	return db, postgres.Dialect(), err
 }
 

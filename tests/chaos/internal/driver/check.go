@@ -229,6 +229,9 @@ func (m *modeRun) report() {
 	if m.mode == wire.KafkaGroup {
 		grouped = fmt.Sprintf(" members_per_group=%.2f", res.stats.MeanGroup())
 	}
+	if m.db.partitioned {
+		grouped += " table=partitioned"
+	}
 	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d%s took=%v",
 		m.label, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,
 		m.kills(), grouped, time.Since(m.started).Round(100*time.Millisecond))

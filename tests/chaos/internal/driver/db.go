@@ -22,6 +22,8 @@ type database struct {
 	kind string
 	dsn  string
 	db   *sql.DB
+	// partitioned: the inbox tables are postgres.Partitioned ones.
+	partitioned bool
 }
 
 func openDatabase(ctx context.Context, kind, dsn, app string) (*database, error) {
@@ -51,6 +53,9 @@ func openDatabase(ctx context.Context, kind, dsn, app string) (*database, error)
 func (d *database) dialect() inbox.Dialect {
 	if d.kind == wire.MySQL {
 		return mysql.Dialect()
+	}
+	if d.partitioned {
+		return postgres.Partitioned(postgres.Partitions{})
 	}
 	return postgres.Dialect()
 }

@@ -93,6 +93,11 @@ type Config struct {
 	// Deadline bounds the whole run; Stall fails a mode that makes no
 	// progress for that long.
 	Deadline, Stall time.Duration
+	// PartitionedPostgres makes PostgreSQL's inbox tables partitioned
+	// (postgres.Partitioned, the default layout), for every mode on it:
+	// the claims then go through the partitioned table's key lock and
+	// check of every partition, under the same faults.
+	PartitionedPostgres bool
 	// Keep keeps the tables (and the logs) instead of dropping them.
 	Keep bool
 	// Verbose makes the consumers log to their log files.
@@ -273,6 +278,7 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 			return failed("%s at %s is unreachable (set INBOXMILL_POSTGRES_DSN / INBOXMILL_MYSQL_DSN, or -dsn / -mysql-dsn): %v",
 				kind, dsn, err)
 		}
+		d.partitioned = kind == wire.Postgres && cfg.PartitionedPostgres
 		defer d.db.Close()
 		r.dbs[kind] = d
 	}

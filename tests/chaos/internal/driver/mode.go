@@ -528,7 +528,7 @@ func (m *modeRun) startConsumer(s *slot) {
 	}
 	args := []string{"-mode", m.mode, "-db", m.db.kind, "-dsn", m.db.dsn, "-app", s.app, "-name", fmt.Sprintf("c%d.%d", s.idx, s.incarnation),
 		"-brokers", strings.Join(m.r.brokers, ","), "-poison-topic", m.poisonTopic, "-inbox-table", m.inboxTable,
-		"-pool", fmt.Sprint(pool), "-lifeline",
+		"-pool", fmt.Sprint(pool), "-lifeline", fmt.Sprintf("-partitioned=%v", m.db.partitioned),
 		"-history", filepath.Join(m.historyDir(), strings.NewReplacer("/", "_", "#", "_").Replace(name)+".jsonl")}
 	switch m.mode {
 	case wire.KafkaTx, wire.KafkaGroup:
