@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/inboxmill/inboxmill/dedup"
@@ -215,79 +217,81 @@ type seedRows struct {
 	// carries origin + n, so that the seeded keys sort in row order and
 	// before every key made after origin + the last row.
 	origin int64
-	// expired rows expired in the past: row n two days ago plus n ms,
-	// created seven days before that, so that rows expire in row order as
-	// they would in a table filled over time. Other rows are created now
-	// and expire in seven days.
-	expired bool
+	// expiredTo: rows 1 … expiredTo expired in the past, row n two days
+	// ago plus n ms and created (and updated) seven days before that, so
+	// that rows expire in row order as they would in a table filled over
+	// time. Later rows are created now and expire in seven days.
+	expiredTo int64
+	// bulk puts every row in one statement, in no particular order: for
+	// bulkLoad on MariaDB, where InnoDB sorts every index itself.
+	bulk bool
 	// bucket, when set, is the SQL of a partitioned inbox's bucket column
-	// (PostgreSQL only), over the row source's columns; unset, a
-	// partitioned table puts rows in the current bucket.
-	bucket string
+	// for the live rows (PostgreSQL only), over the row source's columns,
+	// and expiredBucket that of the expired rows; unset, a partitioned
+	// table puts rows in the current bucket.
+	bucket, expiredBucket string
 }
 
-// seed adds the rows from+1 … to to an inbox table with server-side
-// generation, in statements of at most a million rows, as completed records
-// of operation "bench" with keys as rows says: random-looking ones (an MD5
-// of the row number; random bytes on SQLite) spread over the whole key
-// index like random event IDs, uuidv7 ones sort in row order. Each
-// statement inserts its rows in key order, which keeps the load from being
-// a random-I/O crawl. settle then makes the table ready to be measured.
+// seed adds the rows from+1 … to to an inbox table through q with
+// server-side generation, in statements of at most a million rows, as
+// completed records of operation "bench" with keys as rows says:
+// random-looking ones (an MD5 of the row number; random bytes on SQLite)
+// spread over the whole key index like random event IDs, uuidv7 ones sort
+// in row order. Each statement inserts its rows in key order (unless
+// bulk), which keeps the load from being a random-I/O crawl. settle then
+// makes the table ready to be measured.
 func (f *fixture) seed(ctx context.Context, q execer, table string, from, to int64, rows seedRows, progress func(done int64)) error {
-	exec := func(query string, args ...any) error {
-		_, err := q.ExecContext(ctx, query, args...)
-		return err
+	chunk, order := int64(1_000_000), "\nORDER BY 3"
+	if rows.bulk {
+		chunk, order = max(to-from, 1), ""
 	}
-	const chunk = 1_000_000
 	now := time.Now().UTC()
 	key := rows.keys.seedKey(f.d.name)
+	// when picks an expired row's value or a live row's.
+	when := func(expired, live string) string {
+		if rows.expiredTo <= from {
+			return live
+		}
+		return fmt.Sprintf("CASE WHEN n <= %d THEN %s ELSE %s END", rows.expiredTo, expired, live)
+	}
 	for lo := from + 1; lo <= to; lo += chunk {
 		hi := min(lo+chunk-1, to)
 		var err error
 		switch f.d.name {
 		case "pg":
-			created, expires := "now()", "now() + interval '7 days'"
-			if rows.expired {
-				created = "now() - interval '9 days' + n * interval '1 millisecond'"
-				expires = "now() - interval '2 days' + n * interval '1 millisecond'"
-			}
+			created := when("now() - interval '9 days' + n * interval '1 millisecond'", "now()")
+			expires := when("now() - interval '2 days' + n * interval '1 millisecond'", "now() + interval '7 days'")
 			bucketCol, bucket := "", ""
-			if rows.bucket != "" {
-				bucketCol, bucket = ", bucket", ", "+rows.bucket
+			if rows.bucket != "" || rows.expiredBucket != "" {
+				bucketCol, bucket = ", bucket", ", "+when(cmp.Or(rows.expiredBucket, "now()"), cmp.Or(rows.bucket, "now()"))
 			}
-			err = exec(fmt.Sprintf(`INSERT INTO %s (scope, operation, key, payload_hash, status, attempt,
+			_, err = q.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (scope, operation, key, payload_hash, status, attempt,
 	created_at, updated_at, expires_at%s)
 SELECT '', 'bench', %s, sha256(('seed-' || n)::bytea), 'completed', 1, %s, %s, %s%s
 FROM (SELECT g AS n, lpad(to_hex(%d::bigint + g), 12, '0') AS h, md5('seed-' || g) AS m
-	FROM generate_series($1::bigint, $2::bigint) AS g) AS s
-ORDER BY 3`, table, bucketCol, key, created, created, expires, bucket, rows.origin), lo, hi)
+	FROM generate_series($1::bigint, $2::bigint) AS g) AS s%s`, table, bucketCol, key, created, created, expires, bucket,
+				rows.origin, order), lo, hi)
 		case "mysql":
-			created, expires := "UTC_TIMESTAMP(6)", "UTC_TIMESTAMP(6) + INTERVAL 7 DAY"
-			if rows.expired {
-				created = "UTC_TIMESTAMP(6) - INTERVAL 9 DAY + INTERVAL n * 1000 MICROSECOND"
-				expires = "UTC_TIMESTAMP(6) - INTERVAL 2 DAY + INTERVAL n * 1000 MICROSECOND"
-			}
+			created := when("UTC_TIMESTAMP(6) - INTERVAL 9 DAY + INTERVAL n * 1000 MICROSECOND", "UTC_TIMESTAMP(6)")
+			expires := when("UTC_TIMESTAMP(6) - INTERVAL 2 DAY + INTERVAL n * 1000 MICROSECOND", "UTC_TIMESTAMP(6) + INTERVAL 7 DAY")
 			// The sequence engine's table seq_<lo>_to_<hi> generates the numbers.
-			err = exec(fmt.Sprintf("INSERT INTO %s (scope, operation, `key`, payload_hash, status, attempt,\n"+
+			_, err = q.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (scope, operation, `key`, payload_hash, status, attempt,\n"+
 				"\tcreated_at, updated_at, expires_at)\n"+
 				"SELECT '', 'bench', %s, UNHEX(SHA2(CONCAT('seed-', n), 256)), 'completed', 1, %s, %s, %s\n"+
 				"FROM (SELECT seq AS n, LPAD(LOWER(HEX(%d + seq)), 12, '0') AS h, MD5(CONCAT('seed-', seq)) AS m\n"+
-				"\tFROM seq_%d_to_%d) AS s\n"+
-				"ORDER BY 3", table, key, created, created, expires, rows.origin, lo, hi))
+				"\tFROM seq_%d_to_%d) AS s%s", table, key, created, created, expires, rows.origin, lo, hi, order))
 		case "sqlite":
-			// Microseconds: created_at = c + n * step, expires_at = e + n * step.
-			us, step := now.UnixMicro(), int64(0)
-			c, e := us, now.Add(7*24*time.Hour).UnixMicro()
-			if rows.expired {
-				step = 1000
-				c, e = now.Add(-9*24*time.Hour).UnixMicro(), now.Add(-2*24*time.Hour).UnixMicro()
-			}
+			// Microseconds since the epoch.
+			day := int64(24 * time.Hour / time.Microsecond)
+			us := now.UnixMicro()
+			created := when(fmt.Sprintf("%d + n * 1000", us-9*day), strconv.FormatInt(us, 10))
+			expires := when(fmt.Sprintf("%d + n * 1000", us-2*day), strconv.FormatInt(us+7*day, 10))
 			// MATERIALIZED: m is random and used more than once.
-			err = exec(fmt.Sprintf(`WITH RECURSIVE g(n) AS (SELECT ? UNION ALL SELECT n + 1 FROM g WHERE n < ?),
+			_, err = q.ExecContext(ctx, fmt.Sprintf(`WITH RECURSIVE g(n) AS (SELECT ? UNION ALL SELECT n + 1 FROM g WHERE n < ?),
 s AS MATERIALIZED (SELECT n, printf('%%012x', %d + n) AS h, lower(hex(randomblob(16))) AS m FROM g)
 INSERT INTO %s (scope, operation, "key", payload_hash, status, attempt, created_at, updated_at, expires_at)
-SELECT '', 'bench', %s, randomblob(32), 'completed', 1, ? + n * ?, ? + n * ?, ? + n * ?
-FROM s ORDER BY 3`, rows.origin, table, key), lo, hi, c, step, c, step, e, step)
+SELECT '', 'bench', %s, randomblob(32), 'completed', 1, %s, %s, %s
+FROM s%s`, rows.origin, table, key, created, created, expires, order), lo, hi)
 		}
 		if err != nil {
 			return fmt.Errorf("seed rows %d to %d: %w", lo, hi, err)
@@ -302,16 +306,16 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// bulkLoad runs fill, which seeds an empty table through q. On MariaDB it
-// runs in one transaction with unique and foreign key checks off, which
-// makes InnoDB build the empty table's indexes by sorting (its bulk insert,
-// MariaDB 10.6 and later) instead of inserting row by row into indexes that
-// are in another order than the statement's rows, as expires_at is for
-// random keys (about five times faster for a million expired rows; see
+// bulkLoad runs fill, which seeds an empty table through q, with bulk set
+// where one statement should insert every row. On MariaDB that statement
+// runs with unique and foreign key checks off, which makes InnoDB build the
+// empty table's indexes by sorting (its bulk insert, MariaDB 10.6 and
+// later) instead of inserting row by row into indexes that are in another
+// order than the rows, as expires_at is for random keys (see
 // docs/benchmarks.md). Only for rows whose keys are unique by construction.
-func (f *fixture) bulkLoad(ctx context.Context, fill func(q execer) error) (err error) {
+func (f *fixture) bulkLoad(ctx context.Context, fill func(q execer, bulk bool) error) (err error) {
 	if f.d.name != "mysql" {
-		return fill(f.db)
+		return fill(f.db, false)
 	}
 	conn, err := f.db.Conn(ctx)
 	if err != nil {
@@ -332,7 +336,7 @@ func (f *fixture) bulkLoad(ctx context.Context, fill func(q execer) error) (err 
 	if err != nil {
 		return err
 	}
-	if err := fill(tx); err != nil {
+	if err := fill(tx, true); err != nil {
 		_ = tx.Rollback()
 		return err
 	}

@@ -120,12 +120,9 @@ func (b *bench) purgeOnce(ctx context.Context, d dialect, m purgeMethod, size in
 		b.logf("purge %s (%s keys): %d of %d rows seeded after %v", d.name, keys, done, r.expired+r.live,
 			time.Since(start).Round(time.Second))
 	}
-	err = f.bulkLoad(ctx, func(q execer) error {
-		err := f.seed(ctx, q, store.Table(), 0, r.expired, seedRows{keys: keys, origin: origin, expired: true, bucket: m.expiredBucket}, progress)
-		if err != nil {
-			return err
-		}
-		return f.seed(ctx, q, store.Table(), r.expired, r.expired+r.live, seedRows{keys: keys, origin: origin}, progress)
+	err = f.bulkLoad(ctx, func(q execer, bulk bool) error {
+		rows := seedRows{keys: keys, origin: origin, expiredTo: r.expired, bulk: bulk, expiredBucket: m.expiredBucket}
+		return f.seed(ctx, q, store.Table(), 0, r.expired+r.live, rows, progress)
 	})
 	if err == nil {
 		err = f.settle(ctx, store.Table(), undo)
