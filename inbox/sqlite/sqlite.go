@@ -28,6 +28,11 @@ func Dialect() inbox.Dialect { return dialect{} }
 // DSN returns a modernc.org/sqlite DSN for the database file at path with
 // the settings the inbox needs: a 10 s busy timeout, WAL journaling, and
 // transactions that take the write lock at BEGIN.
+//
+// The first connection to a new file switches it to WAL journaling, and
+// connections opened at the same moment may find the file busy without
+// waiting (SQLITE_BUSY, "database is locked"): ping the *sql.DB once
+// before using it from several goroutines.
 func DSN(path string) string {
 	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
 }

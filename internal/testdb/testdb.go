@@ -149,6 +149,11 @@ func OpenSQLite(t testing.TB, path string) *sql.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
+	// One connection switches a new file to WAL before tests open more
+	// at once (see sqlite.DSN).
+	if err := db.Ping(); err != nil {
+		t.Fatal(err)
+	}
 	return db
 }
 
