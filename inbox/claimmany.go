@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // MaxClaimMany bounds the claims of one [Store.ClaimMany] call, which go
@@ -35,27 +36,124 @@ const MaxClaimMany = 1000
 // [IsRetryable] — on MySQL also when a concurrent transaction claimed one
 // of the keys between the read and the insert.
 func (s *Store) ClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) ([]ClaimResult, error) {
+	cs, err := s.prepareClaims(ctx, q, ps)
+	if err != nil {
+		return nil, err
+	}
+	if len(cs.uniq) == 0 {
+		return cs.results(), nil
+	}
+	if !s.insertMany(1).Returning {
+		if err := cs.readThenInsert(ctx, q); err != nil {
+			return nil, err
+		}
+		return cs.results(), nil
+	}
+	return cs.claim(ctx, q, cs.uniq, nil, false)
+}
+
+// A ClaimPlan is [Store.ClaimMany] taken apart for a caller that sends
+// the claim statement itself, together with other statements in one
+// round trip (package dedup/pgxgroup sends it in a pipeline after BEGIN).
+// The caller runs SQL with Args in its transaction, collects the ID of
+// every row it returns, and passes them to Finish, which reads the
+// records of the keys that were held already, through the same
+// transaction, and returns what ClaimMany would have.
+type ClaimPlan struct {
+	// SQL and Args are the claim statement and its arguments; it returns
+	// the scope, operation and key of every record it inserted. SQL is
+	// empty when no key is left to claim: every claim was answered
+	// already (invalid, or beyond retention), and Finish needs no rows.
+	SQL  string
+	Args []any
+
+	cs *claimSet
+}
+
+// PlanClaimMany prepares what ClaimMany(ctx, q, ps) does, for a dialect
+// whose statement over several records returns the keys it inserted
+// (PostgreSQL, SQLite); on another it returns an error wrapping
+// [ErrInvalidConfig]. q is used only on a partitioned inbox (to read the
+// partition a claim goes to, or the record of a delivery older than
+// every partition) and may be outside the caller's transaction.
+func (s *Store) PlanClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) (*ClaimPlan, error) {
+	if !s.insertMany(1).Returning {
+		return nil, fmt.Errorf("%w: dialect %s cannot claim several keys in one statement that returns them",
+			ErrInvalidConfig, s.dialect.Name())
+	}
+	cs, err := s.prepareClaims(ctx, q, ps)
+	if err != nil {
+		return nil, err
+	}
+	p := &ClaimPlan{cs: cs}
+	if len(cs.uniq) > 0 {
+		st := s.insertMany(len(cs.uniq))
+		args, err := s.bindRows(st, paramsOf(cs.uniq, func(c *claim) *params { return &c.p }))
+		if err != nil {
+			return nil, err
+		}
+		p.SQL, p.Args = st.SQL, args
+	}
+	return p, nil
+}
+
+// Finish completes the claims after the caller ran the plan's statement
+// in q's transaction: inserted are the IDs its rows returned, and
+// stmtErr the statement's error (nil when it succeeded), which Finish
+// classifies and returns as ClaimMany would. The keys that were held
+// already are read through q (and claimed again through q if their
+// records vanished meanwhile).
+func (p *ClaimPlan) Finish(ctx context.Context, q DBTX, inserted []ID, stmtErr error) ([]ClaimResult, error) {
+	cs := p.cs
+	if p.SQL == "" {
+		return cs.results(), nil
+	}
+	if stmtErr != nil {
+		cs.s.forgetPartitions()
+		return nil, fmt.Errorf("inbox: claim many: %w", cs.s.Classify(stmtErr))
+	}
+	return cs.claim(ctx, q, cs.uniq, inserted, true)
+}
+
+// claim is one distinct valid key of a ClaimMany.
+type claim struct {
+	i int // index in ps of the key's first occurrence
+	p params
+}
+
+// claimSet is the state of one ClaimMany.
+type claimSet struct {
+	s   *Store
+	ps  []ClaimParams
+	out []ClaimResult
+	now time.Time
+	// uniq holds one claim per distinct valid key, in primary-key order.
+	uniq []*claim
+	byID map[ID]*claim
+	// followers maps the index in ps of a later occurrence of a key to
+	// that of its first occurrence.
+	followers map[int]int
+}
+
+// prepareClaims validates ps, places each claim (a partitioned inbox),
+// and sorts and deduplicates the keys.
+func (s *Store) prepareClaims(ctx context.Context, q DBTX, ps []ClaimParams) (*claimSet, error) {
 	if len(ps) > MaxClaimMany {
 		return nil, fmt.Errorf("inbox: claim many: %d claims, more than %d", len(ps), MaxClaimMany)
 	}
-	out := make([]ClaimResult, len(ps))
-	now := s.now()
-	// One entry per distinct valid key, in primary-key order.
-	type claim struct {
-		i int // index in ps of the key's first occurrence
-		p params
-	}
+	cs := &claimSet{s: s, ps: ps, out: make([]ClaimResult, len(ps)), now: s.now(), followers: map[int]int{}}
+	now := cs.now
 	claims := make([]*claim, 0, len(ps))
 	for i, p := range ps {
 		if p.Status == "" {
 			p.Status = StatusCompleted
 		}
 		if p.Status != StatusCompleted && p.Status != StatusFailed {
-			out[i].Err = fmt.Errorf("%w: a transactional claim inserts completed or failed, not %q", ErrIllegalTransition, p.Status)
+			cs.out[i].Err = fmt.Errorf("%w: a transactional claim inserts completed or failed, not %q", ErrIllegalTransition, p.Status)
 			continue
 		}
 		if err := errors.Join(p.ID.Validate(), checkHash(p.PayloadHash)); err != nil {
-			out[i].Err = err
+			cs.out[i].Err = err
 			continue
 		}
 		c := &claim{i: i, p: params{
@@ -72,119 +170,120 @@ func (s *Store) ClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) ([]Clai
 				return nil, err
 			}
 			r.Err = err
-			out[i] = r
+			cs.out[i] = r
 			continue
 		}
 		claims = append(claims, c)
 	}
 	slices.SortStableFunc(claims, func(a, b *claim) int { return compareID(a.p.id, b.p.id) })
 	// Later occurrences of a key follow the first.
-	followers := map[int]int{} // index in ps -> index in ps of the first occurrence
-	uniq := claims[:0:0]
+	cs.uniq = claims[:0:0]
 	for _, c := range claims {
-		if n := len(uniq); n > 0 && uniq[n-1].p.id == c.p.id {
-			followers[c.i] = uniq[n-1].i
+		if n := len(cs.uniq); n > 0 && cs.uniq[n-1].p.id == c.p.id {
+			cs.followers[c.i] = cs.uniq[n-1].i
 			continue
 		}
-		uniq = append(uniq, c)
+		cs.uniq = append(cs.uniq, c)
 	}
+	cs.byID = make(map[ID]*claim, len(cs.uniq))
+	for _, c := range cs.uniq {
+		cs.byID[c.p.id] = c
+	}
+	return cs, nil
+}
 
-	byID := make(map[ID]*claim, len(uniq))
-	for _, c := range uniq {
-		byID[c.p.id] = c
-	}
-	found := func(recs []*Record) {
-		for _, rec := range recs {
-			c := byID[rec.ID]
-			if c == nil {
-				continue
-			}
-			out[c.i].Record = rec
-			if !rec.SamePayload(c.p.payloadHash) {
-				out[c.i].Err = &ConflictError{ID: rec.ID, Existing: rec}
-			}
+// found records the existing records read for held keys.
+func (cs *claimSet) found(recs []*Record) {
+	for _, rec := range recs {
+		c := cs.byID[rec.ID]
+		if c == nil {
+			continue
+		}
+		cs.out[c.i].Record = rec
+		if !rec.SamePayload(c.p.payloadHash) {
+			cs.out[c.i].Err = &ConflictError{ID: rec.ID, Existing: rec}
 		}
 	}
-	inserted := func(c *claim) {
-		p := &c.p
-		out[c.i] = ClaimResult{Claimed: true, Record: &Record{
-			ID: p.id, PayloadHash: p.payloadHash, Status: p.status, Attempt: 1,
-			CorrelationID: p.correlationID, Error: p.errS, CreatedAt: now, UpdatedAt: now, ExpiresAt: p.expiresAt,
-		}}
-	}
+}
 
-	todo := uniq
-	if len(todo) > 0 && !s.insertMany(1).Returning {
-		// Read first, insert what is missing, and count: rows affected
-		// below the number inserted means that a concurrent transaction
-		// claimed a key in between, and which one is unknown.
-		recs, err := s.selectMany(ctx, q, paramsOf(todo, func(c *claim) *params { return &c.p }))
-		if err != nil {
-			return nil, err
-		}
-		found(recs)
-		var missing []*claim
-		for _, c := range todo {
-			if out[c.i].Record == nil {
-				missing = append(missing, c)
-			}
-		}
-		if len(missing) > 0 {
-			st := s.insertMany(len(missing))
-			args, err := s.bindRows(st, paramsOf(missing, func(c *claim) *params { return &c.p }))
-			if err != nil {
-				return nil, err
-			}
-			res, err := q.ExecContext(ctx, st.SQL, args...)
-			if err != nil {
-				s.forgetPartitions()
-				return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
-			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return nil, fmt.Errorf("inbox: claim many: rows affected: %w", s.Classify(err))
-			}
-			if n != int64(len(missing)) {
-				return nil, fmt.Errorf("inbox: claim many: %d of %d keys were claimed concurrently: %w",
-					int64(len(missing))-n, len(missing), ErrTransient)
-			}
-			for _, c := range missing {
-				inserted(c)
-			}
-		}
-		todo = nil
+// inserted records that c's key was claimed.
+func (cs *claimSet) inserted(c *claim) {
+	p := &c.p
+	cs.out[c.i] = ClaimResult{Claimed: true, Record: &Record{
+		ID: p.id, PayloadHash: p.payloadHash, Status: p.status, Attempt: 1,
+		CorrelationID: p.correlationID, Error: p.errS, CreatedAt: cs.now, UpdatedAt: cs.now, ExpiresAt: p.expiresAt,
+	}}
+}
+
+// readThenInsert claims cs.uniq where the dialect's insert returns
+// nothing (MySQL): read first, insert what is missing, and count. Rows
+// affected below the number inserted means that a concurrent transaction
+// claimed a key in between, and which one is unknown.
+func (cs *claimSet) readThenInsert(ctx context.Context, q DBTX) error {
+	s := cs.s
+	recs, err := s.selectMany(ctx, q, paramsOf(cs.uniq, func(c *claim) *params { return &c.p }))
+	if err != nil {
+		return err
 	}
+	cs.found(recs)
+	var missing []*claim
+	for _, c := range cs.uniq {
+		if cs.out[c.i].Record == nil {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	st := s.insertMany(len(missing))
+	args, err := s.bindRows(st, paramsOf(missing, func(c *claim) *params { return &c.p }))
+	if err != nil {
+		return err
+	}
+	res, err := q.ExecContext(ctx, st.SQL, args...)
+	if err != nil {
+		s.forgetPartitions()
+		return fmt.Errorf("inbox: claim many: %w", s.Classify(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("inbox: claim many: rows affected: %w", s.Classify(err))
+	}
+	if n != int64(len(missing)) {
+		return fmt.Errorf("inbox: claim many: %d of %d keys were claimed concurrently: %w",
+			int64(len(missing))-n, len(missing), ErrTransient)
+	}
+	for _, c := range missing {
+		cs.inserted(c)
+	}
+	return nil
+}
+
+// claim claims todo with the dialect's returning insert through q, reads
+// the records of the keys that were held, and tries again those whose
+// records vanished before they were read. When sent is set, the first
+// insert was sent by the caller and returned inserted.
+func (cs *claimSet) claim(ctx context.Context, q DBTX, todo []*claim, inserted []ID, sent bool) ([]ClaimResult, error) {
+	s := cs.s
 	for try := 0; len(todo) > 0; try++ {
 		if try == claimRetries {
 			return nil, fmt.Errorf("inbox: claim many: records holding keys vanished %d times in a row: %w",
 				claimRetries, ErrTransient)
 		}
-		st := s.insertMany(len(todo))
-		args, err := s.bindRows(st, paramsOf(todo, func(c *claim) *params { return &c.p }))
-		if err != nil {
-			return nil, err
-		}
-		rows, err := q.QueryContext(ctx, st.SQL, args...)
-		if err != nil {
-			s.forgetPartitions()
-			return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
-		}
-		for rows.Next() {
-			var id ID
-			if err := rows.Scan(&id.Scope, &id.Operation, &id.Key); err != nil {
-				_ = rows.Close()
-				return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
-			}
-			if c := byID[id]; c != nil {
-				inserted(c)
+		if try > 0 || !sent {
+			var err error
+			if inserted, err = cs.insertReturning(ctx, q, todo); err != nil {
+				return nil, err
 			}
 		}
-		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-			return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
+		for _, id := range inserted {
+			if c := cs.byID[id]; c != nil {
+				cs.inserted(c)
+			}
 		}
 		var taken []*claim
 		for _, c := range todo {
-			if !out[c.i].Claimed {
+			if !cs.out[c.i].Claimed {
 				taken = append(taken, c)
 			}
 		}
@@ -195,28 +294,64 @@ func (s *Store) ClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) ([]Clai
 		if err != nil {
 			return nil, err
 		}
-		found(recs)
+		cs.found(recs)
 		// A record gone by the time it was read (purged, or rolled back)
 		// leaves its key free: try again.
-		todo = todo[:0]
+		todo = todo[:0:0]
 		for _, c := range taken {
-			if out[c.i].Record == nil {
+			if cs.out[c.i].Record == nil {
 				todo = append(todo, c)
 			}
 		}
 	}
-	for i, first := range followers {
+	return cs.results(), nil
+}
+
+// insertReturning runs the returning insert of todo through q and
+// returns the IDs it inserted.
+func (cs *claimSet) insertReturning(ctx context.Context, q DBTX, todo []*claim) ([]ID, error) {
+	s := cs.s
+	st := s.insertMany(len(todo))
+	args, err := s.bindRows(st, paramsOf(todo, func(c *claim) *params { return &c.p }))
+	if err != nil {
+		return nil, err
+	}
+	rows, err := q.QueryContext(ctx, st.SQL, args...)
+	if err != nil {
+		s.forgetPartitions()
+		return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
+	}
+	var ids []ID
+	for rows.Next() {
+		var id ID
+		if err := rows.Scan(&id.Scope, &id.Operation, &id.Key); err != nil {
+			_ = rows.Close()
+			return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
+		}
+		ids = append(ids, id)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("inbox: claim many: %w", s.Classify(err))
+	}
+	return ids, nil
+}
+
+// results fills in the later occurrences of keys and returns the
+// results in the order of ps.
+func (cs *claimSet) results() []ClaimResult {
+	out := cs.out
+	for i, first := range cs.followers {
 		rec := out[first].Record
 		switch {
 		case out[first].Err != nil && rec == nil:
 			out[i].Err = out[first].Err
-		case rec != nil && !rec.SamePayload(ps[i].PayloadHash):
+		case rec != nil && !rec.SamePayload(cs.ps[i].PayloadHash):
 			out[i] = ClaimResult{Record: rec, Err: &ConflictError{ID: rec.ID, Existing: rec}}
 		default:
 			out[i] = ClaimResult{Record: rec}
 		}
 	}
-	return out, nil
+	return out
 }
 
 func compareID(a, b ID) int {
