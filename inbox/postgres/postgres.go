@@ -373,39 +373,60 @@ var qualified = "t." + strings.ReplaceAll(strings.Join(strings.Fields(cols), " "
 // double-quoted with backslashes and quotes escaped, bytea in hex form,
 // times in RFC 3339 with microseconds, nil as NULL.
 func arrayLiteral(values []any) any {
-	var b strings.Builder
-	b.WriteByte('{')
+	var b []byte
+	// Room for most columns' elements without growing: a key, a digest.
+	b = make([]byte, 0, 2+len(values)*40)
+	b = append(b, '{')
 	for i, v := range values {
 		if i > 0 {
-			b.WriteByte(',')
+			b = append(b, ',')
 		}
-		var s string
 		switch v := v.(type) {
 		case nil:
-			b.WriteString("NULL")
+			b = append(b, "NULL"...)
 			continue
 		case string:
-			s = v
+			b = appendQuoted(b, v)
+			continue
 		case []byte:
-			s = `\x` + hex.EncodeToString(v)
+			// Hex digits and a backslash, which the quoting doubles.
+			b = append(b, `"\\x`...)
+			b = hex.AppendEncode(b, v)
+			b = append(b, '"')
+			continue
 		case time.Time:
-			s = v.UTC().Format("2006-01-02T15:04:05.999999Z07:00")
+			b = append(b, '"')
+			b = v.UTC().AppendFormat(b, "2006-01-02T15:04:05.999999Z07:00")
+			b = append(b, '"')
+			continue
 		case int64:
-			s = strconv.FormatInt(v, 10)
+			b = append(b, '"')
+			b = strconv.AppendInt(b, v, 10)
 		case int:
-			s = strconv.Itoa(v)
+			b = append(b, '"')
+			b = strconv.AppendInt(b, int64(v), 10)
 		default:
 			panic(fmt.Sprintf("postgres: no array element for %T", v))
 		}
-		b.WriteByte('"')
-		for _, r := range s {
-			if r == '"' || r == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteRune(r)
-		}
-		b.WriteByte('"')
+		b = append(b, '"')
 	}
-	b.WriteByte('}')
-	return b.String()
+	b = append(b, '}')
+	return string(b)
+}
+
+// appendQuoted appends s double-quoted, with quotes and backslashes
+// escaped, as an array literal's element.
+func appendQuoted(b []byte, s string) []byte {
+	b = append(b, '"')
+	if !strings.ContainsAny(s, `"\`) {
+		b = append(b, s...)
+		return append(b, '"')
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return append(b, '"')
 }
