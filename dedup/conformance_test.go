@@ -6,6 +6,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/deduptest"
+	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/internal/testdb"
@@ -42,6 +43,22 @@ func TestConformanceGroupCommit(t *testing.T) {
 // TestConformancePartitioned runs the suite on a partitioned PostgreSQL
 // inbox (pgx; the store's race tests cover both drivers), without and with
 // group commit, the event time read from the message.
+// TestConformanceGroupPipeline runs the suite with group commit sending
+// its statements in pgx pipelines: every handler queues its writes.
+func TestConformanceGroupPipeline(t *testing.T) {
+	for _, prepare := range []inbox.Prepare{inbox.PrepareAuto} {
+		t.Run(string(testdb.PostgresPGX), func(t *testing.T) {
+			t.Parallel()
+			deduptest.Run(t, deduptest.Harness{
+				Dialect: testdb.Dialect(testdb.PostgresPGX),
+				DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, testdb.PostgresPGX) },
+				Prepare: prepare,
+				Group:   &dedup.Group{Pipeline: pgxgroup.Pipeline()},
+			})
+		})
+	}
+}
+
 func TestConformancePartitioned(t *testing.T) {
 	for _, kind := range []testdb.Kind{testdb.PostgresPGX} {
 		for _, group := range []*dedup.Group{nil, {}} {

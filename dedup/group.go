@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -11,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/pipeline"
 )
 
 // Group turns on group commit in transactional mode
@@ -63,9 +65,21 @@ type Group struct {
 	// (and on a connection) of its own. Deliveries that arrive while every
 	// coordinator is busy join the next group: fewer coordinators make
 	// larger groups, more keep more commits in flight. Defaults to
-	// DefaultGroupCoordinators (4), and to 1 where the database has one
+	// DefaultGroupCoordinators (4); to DefaultPipelineCoordinators (2)
+	// with a Pipeline, whose groups are shorter, so that fewer
+	// coordinators keep them larger; and to 1 where the database has one
 	// writer at a time (inbox.Capabilities.SingleWriter: SQLite).
 	Coordinators int
+
+	// Pipeline, when set, sends each group's statements in pipelines:
+	// its BEGIN with its claim in one round trip, the statements its
+	// handlers queued with its COMMIT in another. pgxgroup.Pipeline()
+	// (package dedup/pgxgroup) does it for PostgreSQL through pgx's
+	// database/sql driver; its handlers take their share of the
+	// transaction with pgxgroup.FromContext instead of TxFromContext.
+	// Defaults to nil: one statement per round trip, handlers use the
+	// *sql.Tx.
+	Pipeline pipeline.Opener
 }
 
 // Defaults of Group's settings.
@@ -73,6 +87,9 @@ const (
 	DefaultGroupMaxSize      = 64
 	DefaultGroupLinger       = 2 * time.Millisecond
 	DefaultGroupCoordinators = 4
+	// DefaultPipelineCoordinators is Coordinators' default with a
+	// Pipeline.
+	DefaultPipelineCoordinators = 2
 )
 
 func (g Group) withDefaults() Group {
@@ -170,9 +187,13 @@ type member struct {
 
 func newGrouper(d *Deduplicator, cfg Group) *grouper {
 	if cfg.Coordinators == 0 {
-		cfg.Coordinators = DefaultGroupCoordinators
-		if d.store.Dialect().Capabilities().SingleWriter {
+		switch {
+		case d.store.Dialect().Capabilities().SingleWriter:
 			cfg.Coordinators = 1
+		case cfg.Pipeline != nil:
+			cfg.Coordinators = DefaultPipelineCoordinators
+		default:
+			cfg.Coordinators = DefaultGroupCoordinators
 		}
 	}
 	return &grouper{d: d, cfg: cfg, sem: make(chan struct{}, cfg.Coordinators)}
@@ -285,10 +306,35 @@ type groupRun struct {
 	cur   *try // claimed, handlers not run yet; nil before a claim
 }
 
-// try is one try of a group in one transaction, once it has claimed.
+// try is one try of a group in one transaction, once it has claimed:
+// an *inbox.Tx, or with Group.Pipeline a session on a connection.
 type try struct {
 	tx           *inbox.Tx
+	conn         *sql.Conn
+	sess         pipeline.Session
 	run, waiting []*member
+}
+
+// rollback ends t's transaction without committing and frees its
+// connection.
+func (t *try) rollback(ctx context.Context) {
+	if t.sess == nil {
+		_ = t.tx.Rollback()
+		return
+	}
+	_ = t.sess.Rollback(context.WithoutCancel(ctx))
+	_ = t.conn.Close()
+}
+
+// checkPipeline refuses a Group.Pipeline the store cannot run.
+func checkPipeline(store *inbox.Store, p pipeline.Opener) error {
+	if err := p.Check(store.DB()); err != nil {
+		return fmt.Errorf("%w: Group.Pipeline: %w", ErrInvalidConfig, err)
+	}
+	if _, err := store.PlanClaimMany(context.Background(), store.DB(), nil); err != nil {
+		return fmt.Errorf("%w: Group.Pipeline: %w", ErrInvalidConfig, err)
+	}
+	return nil
 }
 
 // drive runs r's steps until every member is released, then frees the
@@ -307,7 +353,7 @@ func (g *grouper) drive(r *groupRun, inline bool) {
 		// member's delivery fails with it instead.
 		if rec := recover(); rec != nil {
 			if r.cur != nil {
-				_ = r.cur.tx.Rollback()
+				r.cur.rollback(r.ctx)
 			}
 			err := &PanicError{Value: fmt.Sprintf("dedup: group commit: %v", rec), Stack: string(debug.Stack())}
 			for _, m := range r.members {
@@ -402,27 +448,30 @@ func (g *grouper) fail(ms []*member, err error) {
 // waiting.
 func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transient error) {
 	d := g.d
-	tx, err := d.store.BeginTx(ctx, d.tx.TxOptions)
-	if err != nil {
-		err = fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
-		if inbox.IsRetryable(err) {
-			return nil, err
-		}
-		g.fail(live, err)
-		return nil, nil
-	}
-	rollback := func() { _ = tx.Rollback() }
-
 	ps := make([]inbox.ClaimParams, len(live))
 	for i, m := range live {
 		ps[i] = inbox.ClaimParams{ID: m.id.ID, PayloadHash: m.id.hash, Status: inbox.StatusCompleted,
 			CorrelationID: correlationID(m.msg), Retention: d.retention(), EventTime: m.id.eventTime}
 	}
+	var t *try
+	var res []inbox.ClaimResult
+	var err error
 	start := time.Now()
-	res, err := g.claim(ctx, tx, ps)
+	if g.cfg.Pipeline != nil {
+		t, res, err = g.claimPipelined(ctx, ps)
+	} else {
+		var tx *inbox.Tx
+		if tx, err = d.store.BeginTx(ctx, d.tx.TxOptions); err != nil {
+			err = fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
+		} else {
+			t = &try{tx: tx}
+			if res, err = g.claim(ctx, tx, ps); err != nil {
+				t.rollback(ctx)
+			}
+		}
+	}
 	took := time.Since(start)
 	if err != nil {
-		rollback()
 		if inbox.IsRetryable(err) {
 			return nil, err
 		}
@@ -430,7 +479,6 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 		return nil, nil
 	}
 	claimedBy := map[*inbox.Record]*member{}
-	var run, waiting []*member
 	for i, m := range live {
 		d.metrics.observeClaim(m.id.Operation, took)
 		r := res[i]
@@ -442,7 +490,7 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 		case r.Claimed:
 			m.rec = r.Record
 			claimedBy[r.Record] = m
-			run = append(run, m)
+			t.run = append(t.run, m)
 		}
 	}
 	for i, m := range live {
@@ -454,18 +502,55 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 			// The same key as a member that claimed it: not committed yet,
 			// so it waits for the commit and replays its output.
 			m.follows = first
-			waiting = append(waiting, m)
+			t.waiting = append(t.waiting, m)
 			continue
 		}
 		// A committed record: answered now.
 		out, outcome, err := d.replay(r.Record)
 		g.release(m, out, outcome, err)
 	}
-	if len(run) == 0 {
-		rollback()
+	if len(t.run) == 0 {
+		t.rollback(ctx)
 		return nil, nil
 	}
-	return &try{tx: tx, run: run, waiting: waiting}, nil
+	return t, nil
+}
+
+// claimPipelined begins a try on a connection of its own and claims ps
+// in the round trip that begins the transaction. On an error the
+// transaction is rolled back and the connection freed.
+func (g *grouper) claimPipelined(ctx context.Context, ps []inbox.ClaimParams) (*try, []inbox.ClaimResult, error) {
+	d := g.d
+	conn, err := d.store.DB().Conn(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
+	}
+	t := &try{conn: conn, sess: g.cfg.Pipeline.Open(conn)}
+	plan, err := d.store.PlanClaimMany(ctx, conn, ps)
+	if err != nil {
+		t.rollback(ctx)
+		return nil, nil, err
+	}
+	query := plan.SQL
+	if query == "" {
+		query = "SELECT '', '', '' WHERE false" // nothing to claim; the round trip still begins
+	}
+	var ids []inbox.ID
+	err = t.sess.BeginQuery(ctx, pipeline.Begin{Opts: d.tx.TxOptions, Query: query, Args: plan.Args,
+		Row: func(scan func(dest ...any) error) error {
+			var id inbox.ID
+			if err := scan(&id.Scope, &id.Operation, &id.Key); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+			return nil
+		}})
+	res, err := plan.Finish(ctx, conn, ids, err)
+	if err != nil {
+		t.rollback(ctx)
+		return nil, nil, err
+	}
+	return t, res, nil
 }
 
 // finish runs the handlers of t's members one after the other, stores
@@ -473,6 +558,9 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 // for them. It reports whether the group must run again: a member failed
 // and was released, the others were rolled back.
 func (g *grouper) finish(ctx context.Context, t *try) (again bool) {
+	if t.sess != nil {
+		return g.finishPipelined(ctx, t)
+	}
 	d, tx, run, waiting := g.d, t.tx, t.run, t.waiting
 	rollback := func() { _ = tx.Rollback() }
 	ok := run[:0:0]
@@ -482,13 +570,7 @@ func (g *grouper) finish(ctx context.Context, t *try) (again bool) {
 			var err error
 			out, err = d.run(m.ctx, tx.Tx, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
 			if err == nil && len(out) > 0 {
-				// Inserted as completed without a result: only members
-				// that produce messages pay for this statement.
-				if m.enc, err = encodeMessages(out); err == nil {
-					if err = d.store.SaveOutput(ctx, tx, m.rec, m.enc); err != nil {
-						err = fmt.Errorf("dedup: store output: %w", err)
-					}
-				}
+				err = g.saveOutput(ctx, tx, m, out)
 			}
 			return err
 		}
@@ -529,6 +611,73 @@ func (g *grouper) finish(ctx context.Context, t *try) (again bool) {
 		g.fail(waiting, err)
 		return false
 	}
+	g.committed(run, waiting)
+	return false
+}
+
+// saveOutput stores m's output in its record through q. Inserted as
+// completed without a result: only members that produce messages pay
+// for this statement.
+func (g *grouper) saveOutput(ctx context.Context, q inbox.DBTX, m *member, out []*message.Message) error {
+	var err error
+	if m.enc, err = encodeMessages(out); err != nil {
+		return err
+	}
+	if err := g.d.store.SaveOutput(ctx, q, m.rec, m.enc); err != nil {
+		return fmt.Errorf("dedup: store output: %w", err)
+	}
+	return nil
+}
+
+// finishPipelined is finish on a pipeline session: the handlers queue
+// their statements, which go to the server with the COMMIT. A member
+// whose statement (or its check) fails is released, and the group runs
+// again without it, as when its handler fails.
+func (g *grouper) finishPipelined(ctx context.Context, t *try) (again bool) {
+	d, sess, run := g.d, t.sess, t.run
+	for _, m := range run {
+		out, err := d.run(sess.Member(m.ctx), nil, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
+		if f, ferr := sess.Failed(); f >= 0 {
+			// What a member queued failed when this handler ran a
+			// statement at once: that member is to blame.
+			t.rollback(ctx)
+			ferr = d.store.Dialect().Classify(ferr)
+			g.release(run[f], nil, handlerOutcome(ferr), ferr)
+			return true
+		}
+		if err == nil && len(out) > 0 {
+			err = g.saveOutput(ctx, t.conn, m, out)
+		}
+		if err != nil {
+			err = d.store.Dialect().Classify(err)
+			t.rollback(ctx)
+			g.release(m, nil, handlerOutcome(err), err)
+			return true
+		}
+		m.out = out
+	}
+	f, err := sess.Commit(ctx)
+	if f >= 0 {
+		_ = t.conn.Close()
+		err = d.store.Dialect().Classify(err)
+		g.release(run[f], nil, handlerOutcome(err), err)
+		return true
+	}
+	_ = t.conn.Close()
+	if err != nil {
+		// As in finish: nothing was recorded, or nobody knows.
+		err = fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+		g.fail(run, err)
+		g.fail(t.waiting, err)
+		return false
+	}
+	g.committed(run, t.waiting)
+	return false
+}
+
+// committed releases the members of a committed try and those waiting
+// for them.
+func (g *grouper) committed(run, waiting []*member) {
 	for _, m := range run {
 		g.release(m, m.out, OutcomeExecuted, nil)
 	}
@@ -544,7 +693,6 @@ func (g *grouper) finish(ctx context.Context, t *try) (again bool) {
 		}
 		g.release(m, out, OutcomeDuplicate, nil)
 	}
-	return false
 }
 
 // claim claims the members' keys: with the single-row claim when the

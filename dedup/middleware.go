@@ -50,6 +50,9 @@ func New(store *inbox.Store, cfg Config) (*Deduplicator, error) {
 		errs = append(errs, err)
 		fp = f
 	}
+	if t, ok := cfg.Mode.(Transactional); ok && store != nil && t.Group != nil && t.Group.Pipeline != nil {
+		errs = append(errs, checkPipeline(store, t.Group.Pipeline))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}

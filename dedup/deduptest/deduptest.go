@@ -72,6 +72,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/inbox"
 )
 
@@ -90,7 +91,8 @@ type Harness struct {
 	// Group, when set, runs every transactional test with group commit
 	// (dedup.Transactional.Group) on, except those that join a consuming
 	// transaction, which are never grouped. The group commit tests run
-	// either way, with settings of their own.
+	// either way, with settings of their own and Group's Pipeline. With a
+	// Pipeline the handlers queue their writes (package dedup/pgxgroup).
 	Group *dedup.Group
 	// EventTime, when set, is every middleware's Config.EventTime, for
 	// stores partitioned by event time. It must accept every message the
@@ -171,11 +173,30 @@ func setup(t *testing.T, h Harness, cfg inbox.Config) *bundle {
 
 func (b *bundle) ph(n int) string { return b.h.Dialect.Placeholder(n) }
 
-// effect records one business effect through q.
+// effect records one business effect through q; in a pipelined group
+// (q a *pgxgroup.Tx) it queues the statement, as a handler written for
+// pipelines does.
 func (b *bundle) effect(ctx context.Context, q inbox.DBTX, eventID, note string) error {
-	_, err := q.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (event_id, note) VALUES (%s, %s)", b.effects, b.ph(1), b.ph(2)),
-		eventID, note)
+	query := fmt.Sprintf("INSERT INTO %s (event_id, note) VALUES (%s, %s)", b.effects, b.ph(1), b.ph(2))
+	if ptx, ok := q.(*pgxgroup.Tx); ok {
+		ptx.Queue(query, eventID, note)
+		return nil
+	}
+	_, err := q.ExecContext(ctx, query, eventID, note)
 	return err
+}
+
+// handlerTx returns the transaction a transactional handler writes
+// through: the *sql.Tx of dedup.TxFromContext, or in a pipelined group
+// the member's *pgxgroup.Tx.
+func handlerTx(ctx context.Context) (inbox.DBTX, bool) {
+	if tx, ok := dedup.TxFromContext(ctx); ok {
+		return tx, true
+	}
+	if tx, ok := pgxgroup.FromContext(ctx); ok {
+		return tx, true
+	}
+	return nil, false
 }
 
 // countEffects counts the business effects of an event.

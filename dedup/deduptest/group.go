@@ -16,7 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/pipeline"
 )
 
 // gw is a group commit test bundle: a middleware with group commit over
@@ -26,17 +28,22 @@ type gw struct {
 	*bundle
 	d     *dedup.Deduplicator
 	mu    sync.Mutex
-	calls map[string]int     // by key
-	runs  map[string]int     // by message UUID
-	txs   map[string]*sql.Tx // the transaction of each key's last call
+	calls map[string]int // by key
+	runs  map[string]int // by message UUID
+	// txs identifies the transaction of each key's last call: its
+	// *sql.Tx, or the server's transaction ID in a pipelined group.
+	txs map[string]any
 	// act, when set, runs in the handler after its write.
-	act func(msg *message.Message, tx *sql.Tx) ([]*message.Message, error)
+	act func(msg *message.Message, tx inbox.DBTX) ([]*message.Message, error)
 }
 
 func setupGroup(t *testing.T, h Harness, g dedup.Group) *gw {
 	t.Helper()
 	b := setup(t, h, inbox.Config{})
-	w := &gw{bundle: b, calls: map[string]int{}, runs: map[string]int{}, txs: map[string]*sql.Tx{}}
+	w := &gw{bundle: b, calls: map[string]int{}, runs: map[string]int{}, txs: map[string]any{}}
+	if h.Group != nil {
+		g.Pipeline = h.Group.Pipeline
+	}
 	key := dedup.KeyFromMetadata(EventIDKey)
 	d, err := dedup.New(b.store, dedup.Config{
 		Key:       key,
@@ -49,16 +56,33 @@ func setupGroup(t *testing.T, h Harness, g dedup.Group) *gw {
 	return w
 }
 
+// pipelineOf is the harness's Group.Pipeline, if any.
+func pipelineOf(h Harness) pipeline.Opener {
+	if h.Group == nil {
+		return nil
+	}
+	return h.Group.Pipeline
+}
+
 func (w *gw) handler(msg *message.Message) ([]*message.Message, error) {
-	tx, ok := dedup.TxFromContext(msg.Context())
+	tx, ok := handlerTx(msg.Context())
 	if !ok {
 		return nil, errors.New("no transaction in the handler's context")
+	}
+	var txID any = tx
+	if _, piped := tx.(*pgxgroup.Tx); piped {
+		// Each member has a Tx of its own; the server's ID tells.
+		var id int64
+		if err := tx.QueryRowContext(msg.Context(), "SELECT txid_current()").Scan(&id); err != nil {
+			return nil, err
+		}
+		txID = id
 	}
 	key := msg.Metadata.Get(EventIDKey)
 	w.mu.Lock()
 	w.calls[key]++
 	w.runs[msg.UUID]++
-	w.txs[key] = tx
+	w.txs[key] = txID
 	w.mu.Unlock()
 	if err := w.effect(msg.Context(), tx, key, string(msg.Payload)); err != nil {
 		return nil, err
@@ -125,7 +149,7 @@ func runGroup(t *testing.T, h Harness) {
 		boom := errors.New("downstream unavailable")
 		dupDone := make(chan struct{})
 		var dupAnsweredEarly atomic.Bool
-		w.act = func(msg *message.Message, tx *sql.Tx) ([]*message.Message, error) {
+		w.act = func(msg *message.Message, tx inbox.DBTX) ([]*message.Message, error) {
 			switch key := msg.Metadata.Get(EventIDKey); key {
 			case "fail":
 				return nil, boom
@@ -202,7 +226,11 @@ func runGroup(t *testing.T, h Harness) {
 		w.mu.Lock()
 		tx := w.txs["ok-1"]
 		for _, key := range []string{"ok-2", "ok-3", "ok-4", "twin"} {
-			require.Same(t, tx, w.txs[key], key)
+			if _, ok := tx.(*sql.Tx); ok {
+				require.Same(t, tx, w.txs[key], key)
+			} else {
+				require.Equal(t, tx, w.txs[key], key)
+			}
 		}
 		w.mu.Unlock()
 		st := w.d.Stats()
@@ -224,7 +252,7 @@ func runGroup(t *testing.T, h Harness) {
 		boom := errors.New("leader failed")
 		failed := make(chan struct{})
 		var nackedFirst atomic.Bool
-		w.act = func(msg *message.Message, _ *sql.Tx) ([]*message.Message, error) {
+		w.act = func(msg *message.Message, _ inbox.DBTX) ([]*message.Message, error) {
 			switch msg.Metadata.Get(EventIDKey) {
 			case "a-leader":
 				return nil, boom
@@ -256,7 +284,7 @@ func runGroup(t *testing.T, h Harness) {
 		w := setupGroup(t, h, dedup.Group{Coordinators: 2})
 		started, unblock := make(chan struct{}), make(chan struct{})
 		var once sync.Once
-		w.act = func(msg *message.Message, _ *sql.Tx) ([]*message.Message, error) {
+		w.act = func(msg *message.Message, _ inbox.DBTX) ([]*message.Message, error) {
 			once.Do(func() { close(started) })
 			<-unblock
 			return []*message.Message{message.NewMessage("out", []byte("output of "+msg.UUID))}, nil
@@ -298,7 +326,7 @@ func runGroup(t *testing.T, h Harness) {
 			" (id int, CONSTRAINT "+deferred+"_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)")
 		require.NoError(t, err)
 		t.Cleanup(func() { _, _ = w.db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+deferred) })
-		w.act = func(msg *message.Message, tx *sql.Tx) ([]*message.Message, error) {
+		w.act = func(msg *message.Message, tx inbox.DBTX) ([]*message.Message, error) {
 			if msg.Metadata.Get(EventIDKey) == "c" {
 				// Violates the constraint, which is checked at COMMIT.
 				_, err := tx.ExecContext(msg.Context(), "INSERT INTO "+deferred+" (id) VALUES (1), (1)")
@@ -326,7 +354,7 @@ func runGroup(t *testing.T, h Harness) {
 			t.Skip("an embedded database has no connection to kill")
 		}
 		w := setupGroup(t, h, dedup.Group{Coordinators: 1})
-		w.act = func(msg *message.Message, tx *sql.Tx) ([]*message.Message, error) {
+		w.act = func(msg *message.Message, tx inbox.DBTX) ([]*message.Message, error) {
 			if msg.Metadata.Get(EventIDKey) != "c" {
 				return nil, nil
 			}
@@ -380,7 +408,7 @@ func runGroup(t *testing.T, h Harness) {
 				return key(msg)
 			},
 			Operation: "record_effect",
-			Mode:      dedup.Transactional{Group: &dedup.Group{MaxLinger: linger}},
+			Mode:      dedup.Transactional{Group: &dedup.Group{MaxLinger: linger, Pipeline: pipelineOf(h)}},
 		})
 		require.NoError(t, err)
 		pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
@@ -390,7 +418,7 @@ func runGroup(t *testing.T, h Harness) {
 		var acked sync.Map // event ID -> effects committed when the handler returned
 		router.AddConsumerHandler("record_effect", "events", pubsub, func(msg *message.Message) error {
 			_, err := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-				tx, _ := dedup.TxFromContext(msg.Context())
+				tx, _ := handlerTx(msg.Context())
 				return nil, b.effect(msg.Context(), tx, msg.Metadata.Get(EventIDKey), string(msg.Payload))
 			})(msg)
 			if err == nil {
@@ -406,7 +434,7 @@ func runGroup(t *testing.T, h Harness) {
 		// slow one.
 		router.AddConsumerHandler("record_effect_2", "events-slow", pubsub, func(msg *message.Message) error {
 			_, err := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-				tx, _ := dedup.TxFromContext(msg.Context())
+				tx, _ := handlerTx(msg.Context())
 				return nil, b.effect(msg.Context(), tx, msg.Metadata.Get(EventIDKey), string(msg.Payload))
 			})(msg)
 			if err == nil {
@@ -451,7 +479,7 @@ func (w *gw) inOneGroupWithHook(t *testing.T, msgs []*message.Message, hook func
 	res := make([]result, len(msgs))
 	started, unblock := make(chan struct{}), make(chan struct{})
 	act := w.act
-	w.act = func(msg *message.Message, tx *sql.Tx) ([]*message.Message, error) {
+	w.act = func(msg *message.Message, tx inbox.DBTX) ([]*message.Message, error) {
 		if msg.Metadata.Get(EventIDKey) == "blocker" {
 			close(started)
 			<-unblock

@@ -61,7 +61,7 @@ func setupMiddleware(t *testing.T, h Harness, cfg dedup.Config) *mw {
 
 func (m *mw) handler(msg *message.Message) ([]*message.Message, error) {
 	call := m.calls.Add(1)
-	tx, ok := dedup.TxFromContext(msg.Context())
+	tx, ok := handlerTx(msg.Context())
 	if !ok {
 		return nil, errors.New("no transaction in the handler's context")
 	}
@@ -175,7 +175,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		var pe *dedup.PanicError
 		require.ErrorAs(t, err, &pe)
 		require.Equal(t, "handler bug", pe.Value)
-		_, hasTx := dedup.TxFromContext(msg.Context())
+		_, hasTx := handlerTx(msg.Context())
 		require.False(t, hasTx, "the message does not keep the finished transaction")
 		require.Equal(t, 0, m.countEffects(t, "evt-1"))
 

@@ -49,6 +49,10 @@ func TestSmoke(t *testing.T) {
 			require.Contains(t, bench, "kafka_plain/4")
 			require.Contains(t, bench, "kafka_inboxmill/4")
 			if tc.dialect == "pg" {
+				for _, w := range []string{"1", "2"} {
+					require.Contains(t, bench, "inboxmill_group_pgx/"+w)
+					require.Contains(t, ratios, "group_pgx_vs_plain/"+w)
+				}
 				require.Contains(t, bench, "sqlqueue_plain/1")
 				require.Contains(t, bench, "sqlqueue_inboxmill/1")
 				// The partitioned inbox: its growth, its ratios, its purge.
@@ -63,6 +67,7 @@ func TestSmoke(t *testing.T) {
 				require.Equal(t, "1000", kv["rows"])
 			} else {
 				require.NotContains(t, bench, "growth_partitioned_empty/1", "only PostgreSQL has the partitioned table")
+				require.NotContains(t, bench, "inboxmill_group_pgx/1", "pipelines are PostgreSQL's")
 			}
 			for _, r := range []string{"inboxmill_vs_plain", "group_vs_plain", "one_statement_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "growth_p50_1k_vs_empty",
 				"growth_uuidv7_p99_1k_vs_empty", "growth_p50_1k_uuidv7_vs_random", "growth_p99_empty_uuidv7_vs_random"} {

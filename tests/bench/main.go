@@ -56,7 +56,7 @@ func main() {
 // dialect, size and key order; kafka per dialect with one worker per
 // partition; sqlqueue on PostgreSQL with one subscriber.
 var allScenarios = []string{
-	"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
+	"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_group_pgx", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
 	"growth", "purge", "kafka", "sqlqueue",
 }
 
@@ -323,7 +323,7 @@ func (b *bench) runAll(ctx context.Context) error {
 			rounds := map[string][]result{}
 			for round := 1; round <= b.opts.rounds; round++ {
 				for _, s := range perDialect {
-					if !b.opts.has(s.name) {
+					if !b.opts.has(s.name) || (s.only != "" && s.only != d.name) {
 						continue
 					}
 					r, err := b.measureScenario(ctx, d, s, w)

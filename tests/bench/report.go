@@ -58,6 +58,8 @@ func (t target) met(v float64) bool {
 // targetFor returns the target of a ratio, if it has one.
 func targetFor(r ratio) (target, bool) {
 	switch name := r.name; {
+	case name == "group_pgx_vs_plain" && r.workers >= 32:
+		return target{atLeast: true, value: 2.0, dialect: "pg", workers: r.workers}, true
 	case name == "group_vs_plain" && r.workers >= 32:
 		return target{atLeast: true, value: 1.3, dialect: "pg", workers: r.workers}, true
 	case name == "group_vs_plain":
@@ -89,12 +91,14 @@ func (b *bench) ratios() []ratio {
 	for _, dialect := range b.opts.dialects {
 		for _, w := range b.opts.workers {
 			throughput("inboxmill_vs_plain", "inboxmill", "plain", dialect, w)
-			throughput("group_vs_plain", "inboxmill_group", "plain", dialect, w)
-			if n := len(out); n > 0 && out[n-1].name == "group_vs_plain" && out[n-1].dialect == dialect && out[n-1].workers == w {
-				g, _ := b.find("inboxmill_group", dialect, w)
-				p, _ := b.find("plain", dialect, w)
-				out[n-1].extra = fmt.Sprintf("p50_us=%.0f p99_us=%.0f plain_p50_us=%.0f plain_p99_us=%.0f",
-					micros(g.p50), micros(g.p99), micros(p.p50), micros(p.p99))
+			for _, gr := range [][2]string{{"group_vs_plain", "inboxmill_group"}, {"group_pgx_vs_plain", "inboxmill_group_pgx"}} {
+				throughput(gr[0], gr[1], "plain", dialect, w)
+				if n := len(out); n > 0 && out[n-1].name == gr[0] && out[n-1].dialect == dialect && out[n-1].workers == w {
+					g, _ := b.find(gr[1], dialect, w)
+					p, _ := b.find("plain", dialect, w)
+					out[n-1].extra = fmt.Sprintf("p50_us=%.0f p99_us=%.0f plain_p50_us=%.0f plain_p99_us=%.0f",
+						micros(g.p50), micros(g.p99), micros(p.p50), micros(p.p99))
+				}
 			}
 			throughput("one_statement_vs_plain", "plain_stmt", "plain", dialect, w)
 			throughput("inboxmill_vs_plain_stmt", "inboxmill", "plain_stmt", dialect, w)

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
@@ -32,32 +33,37 @@ type plan struct {
 type scenario struct {
 	name string
 	plan func(ctx context.Context, f *fixture) (plan, error)
+	// only, when set, is the one dialect the scenario runs on.
+	only string
 }
 
 // perDialect are the scenarios measured per dialect and worker count. Each
 // handler's effect is one INSERT of a business row.
 var perDialect = []scenario{
-	{"plain", planPlain},
+	{"plain", planPlain, ""},
 	// The ceiling of any inbox that adds a statement to the handler's
 	// transaction, whatever that statement does.
-	{"plain_stmt", planPlainStmt},
+	{"plain_stmt", planPlainStmt, ""},
 	{"inboxmill", func(ctx context.Context, f *fixture) (plan, error) {
 		return planInboxmill(ctx, f, false, dedup.ReadFirstAuto)
-	}},
+	}, ""},
 	// Group commit: deliveries in flight share one claim statement and
 	// one commit.
-	{"inboxmill_group", planGroup},
+	{"inboxmill_group", planGroup, ""},
+	// Group commit in pgx pipelines: the handler queues its INSERT, which
+	// goes to the server with the group's COMMIT.
+	{"inboxmill_group_pgx", planGroupPgx, "pg"},
 	{"inboxmill_dup", func(ctx context.Context, f *fixture) (plan, error) {
 		return planInboxmill(ctx, f, true, dedup.ReadFirstAuto)
-	}},
+	}, ""},
 	// Duplicates that take the claim's transaction, as they do while fewer
 	// than half of the recent deliveries are duplicates (ReadFirstAuto).
 	{"inboxmill_dup_tx", func(ctx context.Context, f *fixture) (plan, error) {
 		return planInboxmill(ctx, f, true, dedup.ReadFirstNever)
-	}},
-	{"inboxmill_reserve", planReserve},
-	{"watermill_dedup", planWatermill},
-	{"select_then_insert", planSelectThenInsert},
+	}, ""},
+	{"inboxmill_reserve", planReserve, ""},
+	{"watermill_dedup", planWatermill, ""},
+	{"select_then_insert", planSelectThenInsert, ""},
 }
 
 // measureScenario runs one scenario at one worker count on a fixture of
@@ -205,6 +211,40 @@ func planGroup(ctx context.Context, f *fixture) (plan, error) {
 		return plan{}, err
 	}
 	return plan{deliver: d.Middleware(f.inClaimTx), check: func(ctx context.Context, total int) error {
+		if st := d.Stats(); st != (dedup.Stats{Executed: uint64(total)}) {
+			return fmt.Errorf("middleware stats %+v, want %d executed", st, total)
+		}
+		return f.expectRows(ctx, f.effects, total)
+	}, note: func() string {
+		gs := d.GroupStats()
+		return fmt.Sprintf("%d groups, %.1f members each", gs.Groups, float64(gs.Members)/float64(max(gs.Groups, 1)))
+	}}, nil
+}
+
+// queued is the handler in a pipelined group: its INSERT queued, sent
+// with the group's COMMIT.
+func (f *fixture) queued(msg *message.Message) ([]*message.Message, error) {
+	markClaimed(msg)
+	tx, ok := pgxgroup.FromContext(msg.Context())
+	if !ok {
+		return nil, errors.New("no group transaction in the message's context")
+	}
+	tx.Queue(f.insert, eventID(msg), 100)
+	return nil, nil
+}
+
+func planGroupPgx(ctx context.Context, f *fixture) (plan, error) {
+	store, err := f.newStore(ctx)
+	if err != nil {
+		return plan{}, err
+	}
+	g := f.group
+	g.Pipeline = pgxgroup.Pipeline()
+	d, err := dedup.New(store, dedupConfig(dedup.Transactional{Group: &g}))
+	if err != nil {
+		return plan{}, err
+	}
+	return plan{deliver: d.Middleware(f.queued), check: func(ctx context.Context, total int) error {
 		if st := d.Stats(); st != (dedup.Stats{Executed: uint64(total)}) {
 			return fmt.Errorf("middleware stats %+v, want %d executed", st, total)
 		}
