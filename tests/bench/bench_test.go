@@ -48,6 +48,14 @@ func TestSmoke(t *testing.T) {
 			}
 			require.Contains(t, bench, "kafka_plain/4")
 			require.Contains(t, bench, "kafka_inboxmill/4")
+			require.Contains(t, bench, "kafka_group/4")
+			require.Contains(t, ratios, "kafka_group_vs_plain/4")
+			if tc.dialect == "pg" {
+				require.Contains(t, bench, "kafka_group_pgx/4")
+				require.Contains(t, ratios, "kafka_group_pgx_vs_plain/4")
+			} else {
+				require.NotContains(t, bench, "kafka_group_pgx/4")
+			}
 			if tc.dialect == "pg" {
 				for _, w := range []string{"1", "2"} {
 					require.Contains(t, bench, "inboxmill_group_pgx/"+w)

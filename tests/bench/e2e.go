@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
 	"github.com/inboxmill/inboxmill/internal/testdb"
@@ -26,30 +27,49 @@ import (
 // (inboxmill), both behind a message.Router.
 var e2eVariants = []string{"plain", "inboxmill"}
 
-// partitions is the Kafka topics' partition count; watermill-kafka handles
-// one message per partition at a time, so it is also the worker count.
-const partitions = 4
+// kafkaVariants add, through Kafka, the middleware with group commit
+// (group) and, on PostgreSQL, with its pgx pipelines (group_pgx).
+var kafkaVariants = []string{"plain", "inboxmill", "group", "group_pgx"}
+
+// kafkaVariant reports whether variant v runs on dialect d.
+func kafkaVariant(d, v string) bool { return v != "group_pgx" || d == "pg" }
 
 // e2eTimeout bounds the wait for a transport to deliver every message.
 const e2eTimeout = 10 * time.Minute
 
-// kafka publishes msgs events per dialect and variant to an in-process
-// Kafka-protocol broker (kfake, 4 partitions) and consumes them with
-// watermill-kafka's subscriber, a router and the handler.
+// kafka publishes msgs events per dialect, variant and partition count
+// to an in-process Kafka-protocol broker (kfake) and consumes them with
+// watermill-kafka's subscriber, a router and the handler. watermill-kafka
+// handles one message per partition at a time, so the partition count is
+// also the worker count.
 func (b *bench) kafka(ctx context.Context) (err error) {
+	for _, parts := range b.opts.partitions {
+		if err := b.kafkaOn(ctx, parts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 	h := &harness{}
 	defer h.close()
 	defer h.recover(&err)
 	var topics []string
 	for _, d := range b.opts.dialects {
-		for _, v := range e2eVariants {
-			topics = append(topics, d+"_"+v)
+		for _, v := range kafkaVariants {
+			if kafkaVariant(d, v) {
+				topics = append(topics, d+"_"+v)
+			}
 		}
 	}
-	brokers := kafkatest.Start(h, partitions, topics...)
+	brokers := kafkatest.Start(h, int32(partitions), topics...)
 	for _, name := range b.opts.dialects {
 		d, _ := dialectByName(name)
-		for _, v := range e2eVariants {
+		for _, v := range kafkaVariants {
+			if !kafkaVariant(d.name, v) {
+				continue
+			}
 			topic := d.name + "_" + v
 			records := make([]kafkatest.Record, b.opts.msgs)
 			for i, msg := range newMessages(b.opts.msgs, nil) {
@@ -69,7 +89,7 @@ func (b *bench) kafka(ctx context.Context) (err error) {
 				return err
 			}
 			if err := b.consume(ctx, d, "kafka_"+v, partitions, sub, topic, nil); err != nil {
-				return fmt.Errorf("%s on %s: %w", v, d.name, err)
+				return fmt.Errorf("%s on %s with %d partitions: %w", v, d.name, partitions, err)
 			}
 		}
 	}
@@ -156,19 +176,31 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 	t := newE2ETimer(b.opts.msgs)
 	router.AddMiddleware(t.middleware)
 	var d *dedup.Deduplicator
-	if scenario == "kafka_inboxmill" || scenario == "sqlqueue_inboxmill" {
+	switch scenario {
+	case "kafka_inboxmill", "sqlqueue_inboxmill", "kafka_group", "kafka_group_pgx":
 		store, err := f.newStore(ctx)
 		if err != nil {
 			return err
 		}
-		cfg := dedupConfig(dedup.Transactional{JoinTx: join})
+		mode := dedup.Transactional{JoinTx: join}
+		inner := f.inClaimTx
+		switch scenario {
+		case "kafka_group":
+			g := f.group
+			mode.Group = &g
+		case "kafka_group_pgx":
+			g := f.group
+			g.Pipeline = pgxgroup.Pipeline()
+			mode.Group, inner = &g, f.queued
+		}
+		cfg := dedupConfig(mode)
 		cfg.Operation = "" // the router's handler name
 		if d, err = dedup.New(store, cfg); err != nil {
 			return err
 		}
 		router.AddMiddleware(d.Middleware)
 		handler = func(msg *message.Message) error {
-			_, err := f.inClaimTx(msg)
+			_, err := inner(msg)
 			return err
 		}
 	}

@@ -82,6 +82,8 @@ type options struct {
 	prepare      inbox.Prepare
 	// group is the group commit settings of inboxmill_group.
 	group dedup.Group
+	// partitions are the Kafka topics' partition counts.
+	partitions []int
 }
 
 func (o options) has(scenario string) bool { return slices.Contains(o.scenarios, scenario) }
@@ -93,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o                                   options
 		dialects, workers, scenarios, sizes string
 		prepare, keys, purgeSizes, layouts  string
+		partitionList                       string
 	)
 	fs.BoolVar(&o.quick, "quick", false, "fewer messages per measurement and growth up to 1M rows (under 5 minutes on 2 cores)")
 	fs.BoolVar(&o.smoke, "smoke", false, "a tiny run that only proves every scenario works (what the test runs)")
@@ -111,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.group.Coordinators, "group-coordinators", 0, "inboxmill_group's dedup.Group.Coordinators (default: the library's)")
 	fs.IntVar(&o.group.MaxSize, "group-size", 0, "inboxmill_group's dedup.Group.MaxSize (default: the library's)")
 	fs.DurationVar(&o.group.MaxLinger, "group-linger", 0, "inboxmill_group's dedup.Group.MaxLinger (default: the library's)")
+	fs.StringVar(&partitionList, "partitions", "4", "the kafka scenario's partition counts, each measured with its own topics (watermill-kafka handles one message per partition at a time)")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the results and ratios as Markdown tables to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -154,6 +158,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o.workers = []int{1, 2}
 	default:
 		o.workers = []int{1, 8, 32}
+	}
+	for _, p := range splitList(partitionList) {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			errs = append(errs, fmt.Errorf("--partitions: %q is not a positive number", p))
+		}
+		o.partitions = append(o.partitions, n)
 	}
 	switch {
 	case o.msgs < 0:

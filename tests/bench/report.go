@@ -58,6 +58,8 @@ func (t target) met(v float64) bool {
 // targetFor returns the target of a ratio, if it has one.
 func targetFor(r ratio) (target, bool) {
 	switch name := r.name; {
+	case name == "kafka_group_vs_plain" && r.workers >= 16:
+		return target{atLeast: true, value: 1.0, dialect: "pg", workers: r.workers}, true
 	case name == "group_pgx_vs_plain" && r.workers >= 32:
 		return target{atLeast: true, value: 2.0, dialect: "pg", workers: r.workers}, true
 	case name == "group_vs_plain" && r.workers >= 32:
@@ -110,7 +112,18 @@ func (b *bench) ratios() []ratio {
 			throughput("inboxmill_vs_select_then_insert", "inboxmill", "select_then_insert", dialect, w)
 			out = append(out, b.growthRatios(dialect, w)...)
 		}
-		throughput("kafka_inboxmill_vs_plain", "kafka_inboxmill", "kafka_plain", dialect, partitions)
+		for _, parts := range b.opts.partitions {
+			throughput("kafka_inboxmill_vs_plain", "kafka_inboxmill", "kafka_plain", dialect, parts)
+			for _, gr := range [][2]string{{"kafka_group_vs_plain", "kafka_group"}, {"kafka_group_pgx_vs_plain", "kafka_group_pgx"}} {
+				throughput(gr[0], gr[1], "kafka_plain", dialect, parts)
+				if n := len(out); n > 0 && out[n-1].name == gr[0] && out[n-1].dialect == dialect && out[n-1].workers == parts {
+					g, _ := b.find(gr[1], dialect, parts)
+					p, _ := b.find("kafka_plain", dialect, parts)
+					out[n-1].extra = fmt.Sprintf("p50_us=%.0f p99_us=%.0f plain_p50_us=%.0f plain_p99_us=%.0f",
+						micros(g.p50), micros(g.p99), micros(p.p50), micros(p.p99))
+				}
+			}
+		}
 		throughput("sqlqueue_inboxmill_vs_plain", "sqlqueue_inboxmill", "sqlqueue_plain", dialect, 1)
 	}
 	return out
