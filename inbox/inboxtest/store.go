@@ -272,6 +272,56 @@ func runStore(t *testing.T, h Harness) {
 		require.Equal(t, 1, effects, "only the winner's work committed")
 	})
 
+	t.Run("ClaimThatWaitedForAHolderThatCommittedIsADuplicate", func(t *testing.T) {
+		// The holder commits while the second claim waits for it: the
+		// second claim's statement began before the commit, so a dialect
+		// that claims and reads in one statement does not see the record
+		// and must read it again.
+		t.Parallel()
+		b := setup(t, h)
+		for _, tc := range []struct {
+			key, payload string
+			conflict     bool
+		}{{"same", "x", false}, {"other", "y", true}} {
+			holder, err := b.db.BeginTx(b.ctx, nil)
+			require.NoError(t, err)
+			res, err := b.store.Claim(b.ctx, holder, inbox.ClaimParams{ID: id("op", tc.key), PayloadHash: hash("x")})
+			require.NoError(t, err)
+			require.True(t, res.Claimed)
+			type answer struct {
+				res inbox.ClaimResult
+				err error
+			}
+			second := make(chan answer, 1)
+			go func() {
+				tx, err := b.db.BeginTx(b.ctx, nil)
+				if err != nil {
+					second <- answer{err: err}
+					return
+				}
+				defer func() { _ = tx.Rollback() }()
+				res, err := b.store.Claim(b.ctx, tx, inbox.ClaimParams{ID: id("op", tc.key), PayloadHash: hash(tc.payload)})
+				second <- answer{res, err}
+			}()
+			select {
+			case a := <-second:
+				t.Fatalf("%s: the second claim did not wait for the holder: %+v %v", tc.key, a.res, a.err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			require.NoError(t, holder.Commit())
+			a := <-second
+			require.False(t, a.res.Claimed, tc.key)
+			if tc.conflict {
+				require.ErrorIs(t, a.err, inbox.ErrPayloadConflict, tc.key)
+				continue
+			}
+			require.NoError(t, a.err, tc.key)
+			require.NotNil(t, a.res.Record, tc.key)
+			require.Equal(t, inbox.StatusCompleted, a.res.Record.Status)
+			require.EqualValues(t, 1, a.res.Record.Attempt)
+		}
+	})
+
 	t.Run("RolledBackClaimFreesTheKey", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, h)
