@@ -19,6 +19,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
 // batchSubscriber is a subscriber built for batches: it acks only what
@@ -470,6 +471,52 @@ func TestQueueBatchPoison(t *testing.T) {
 			rec, err := e.store.Get(context.Background(), e.db, inbox.ID{Operation: "apply", Key: "evt-2"})
 			require.NoError(t, err)
 			require.Equal(t, inbox.StatusFailed, rec.Status)
+		})
+	}
+}
+
+// TestOffsetAdaptersAckTheLastAcked: watermill-sql's offset-based schemas
+// store the offset of the last acked message, so a subscriber closed
+// mid-batch loses nothing: the next one starts at the message left unacked.
+func TestOffsetAdaptersAckTheLastAcked(t *testing.T) {
+	for _, kind := range kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, kind)
+			var (
+				schema  wsql.SchemaAdapter  = wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: 5}
+				offsets wsql.OffsetsAdapter = wsql.DefaultPostgreSQLOffsetsAdapter{}
+				pubCfg                      = wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}
+			)
+			if kind == testdb.MySQL {
+				schema, offsets = wsql.DefaultMySQLSchema{SubscribeBatchSize: 5}, wsql.DefaultMySQLOffsetsAdapter{}
+				pubCfg.SchemaAdapter = schema
+			}
+			t.Cleanup(func() { _, _ = e.db.Exec("DROP TABLE IF EXISTS watermill_offsets_" + e.topic) })
+			pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(e.db), pubCfg, watermill.NopLogger{})
+			require.NoError(t, err)
+			for i := range 5 {
+				require.NoError(t, pub.Publish(e.topic, event(fmt.Sprintf("evt-%d", i), `{}`)))
+			}
+			next := func() []string {
+				sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(e.db), wsql.SubscriberConfig{
+					SchemaAdapter: schema, OffsetsAdapter: offsets, InitializeSchema: true, PollInterval: 10 * time.Millisecond,
+				}, watermill.NopLogger{})
+				require.NoError(t, err)
+				defer sub.Close()
+				msgs, err := sub.Subscribe(context.Background(), e.topic)
+				require.NoError(t, err)
+				var got []string
+				first := <-msgs
+				got = append(got, first.Metadata.Get("event_id"))
+				first.Ack()
+				second := <-msgs // left unacked
+				got = append(got, second.Metadata.Get("event_id"))
+				require.NoError(t, sub.Close())
+				return got
+			}
+			require.Equal(t, []string{"evt-0", "evt-1"}, next())
+			require.Equal(t, []string{"evt-1", "evt-2"}, next(), "only evt-0 was acked")
 		})
 	}
 }
