@@ -520,3 +520,38 @@ func TestOffsetAdaptersAckTheLastAcked(t *testing.T) {
 		})
 	}
 }
+
+// TestQueueBatchAbortedTxIsNotAcked: a consuming transaction ends under
+// the batch (the handler's ROLLBACK stands in for MySQL rolling a
+// transaction back on a deadlock), taking the effects of the messages
+// before it along. The middleware finds its savepoint gone; the
+// subscriber's ack, which would now run outside any transaction and
+// autocommit, is refused and the batch comes back whole.
+func TestQueueBatchAbortedTxIsNotAcked(t *testing.T) {
+	for _, kind := range kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, kind)
+			e.publishAll(t, "evt-0", "evt-1", "evt-2", "evt-3", "evt-4")
+			var once sync.Once
+			d := newDedup(t, e)
+			e.router(t, d, e.batchSubscriber(t, 5, 200*time.Millisecond), func(msg *message.Message) error {
+				if err := e.effect(msg); err != nil {
+					return err
+				}
+				var err error
+				if msg.Metadata.Get("event_id") == "evt-2" {
+					once.Do(func() {
+						tx, _ := dedup.TxFromContext(msg.Context())
+						_, _ = tx.ExecContext(msg.Context(), "ROLLBACK")
+						err = errors.New("the transaction is gone")
+					})
+				}
+				return err
+			})
+			require.Eventually(t, func() bool { return len(e.unacked(t)) == 0 }, time.Minute, 10*time.Millisecond)
+			require.Equal(t, map[string]int{"evt-0": 1, "evt-1": 1, "evt-2": 1, "evt-3": 1, "evt-4": 1}, e.effectsPerEvent(t))
+			require.EqualValues(t, 5, d.Stats().Executed-2, "evt-0 and evt-1 ran twice, their first run rolled back")
+		})
+	}
+}
