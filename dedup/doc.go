@@ -33,7 +33,8 @@
 //
 // With watermill-sql's subscriber, Transactional.JoinTx set to
 // watermillsql.Tx (package dedup/watermillsql) runs the middleware in the
-// consuming transaction, so ack, record and writes commit together. Package
+// consuming transaction, so ack, record and writes commit together;
+// watermillsql.NewSubscriber lets one transaction carry a batch. Package
 // dedup/deduptest is the middleware's conformance suite and has helpers to
 // test a handler under redelivery.
 //

@@ -32,6 +32,7 @@
 #   --purge 1m,10m          expired rows for the purge scenario (1m; --quick 100k, --smoke 1k)
 #   --purge-batch N         rows per purge DELETE (default inbox.DefaultPurgeBatchSize, 1000)
 #   --prepare auto          the stores' inbox.Config.Prepare (auto, always, never)
+#   --sqlqueue-batch N      SubscribeBatchSize of sqlqueue's batched variants (32; 1 leaves them out)
 #   --cpuprofile FILE       CPU profile of the whole run, for go tool pprof
 #   --markdown FILE         the results, ratios and purges as Markdown tables
 #

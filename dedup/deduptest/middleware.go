@@ -494,6 +494,79 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.EqualValues(t, 2, m.calls.Load())
 	})
 
+	t.Run("JoinedBatchedConsumingTransaction", func(t *testing.T) {
+		t.Parallel()
+		// A transport that registers its consuming transaction
+		// (dedup.RegisterBatchedTx) acks only the messages delivered and
+		// acked: several messages share it, each attempt under a savepoint,
+		// and its end waits for an attempt still running.
+		var consuming atomic.Pointer[sql.Tx]
+		m := setupMiddleware(t, h, dedup.Config{Mode: dedup.Transactional{
+			JoinTx: func(context.Context) (*sql.Tx, bool) {
+				tx := consuming.Load()
+				return tx, tx != nil
+			},
+		}})
+		boom := errors.New("downstream unavailable")
+		var (
+			block   = make(chan struct{})
+			blocked = make(chan struct{})
+		)
+		m.fail = func(call int64) error {
+			switch call {
+			case 3:
+				return boom
+			case 5:
+				close(blocked)
+				<-block
+			}
+			return nil
+		}
+		tx, err := m.db.BeginTx(m.ctx, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback() })
+		b := dedup.RegisterBatchedTx(tx)
+		consuming.Store(tx)
+		_, err = m.deliver(event("evt-1", `{"n":1}`))
+		require.NoError(t, err)
+		_, err = m.deliver(event("evt-2", `{"n":2}`))
+		require.NoError(t, err, "a second message in a registered transaction")
+		_, err = m.deliver(event("evt-1", `{"n":1}`))
+		require.NoError(t, err, "a duplicate in the same transaction")
+		msg := event("evt-3", `{"n":3}`)
+		_, err = m.deliver(msg)
+		require.ErrorIs(t, err, boom)
+		_, err = m.deliver(msg) // resent in the same transaction
+		require.NoError(t, err)
+		require.True(t, b.Wait())
+
+		// An attempt still running when the transport ends the transaction.
+		running := make(chan error, 1)
+		go func() { _, err := m.deliver(event("evt-4", `{"n":4}`)); running <- err }()
+		<-blocked
+		ended := make(chan bool, 1)
+		go func() { ended <- b.End() }()
+		select {
+		case <-ended:
+			t.Fatal("End returned while an attempt was running")
+		case <-time.After(50 * time.Millisecond):
+		}
+		close(block)
+		require.NoError(t, <-running)
+		require.True(t, <-ended)
+		_, err = m.deliver(event("evt-5", `{"n":5}`))
+		require.ErrorIs(t, err, dedup.ErrConsumingTxEnded, "nothing is written once the transport ended it")
+		require.NoError(t, tx.Commit())
+		consuming.Store(nil)
+
+		for _, key := range []string{"evt-1", "evt-2", "evt-3", "evt-4"} {
+			require.Equal(t, 1, m.countEffects(t, key), key)
+		}
+		require.Equal(t, 0, m.countEffects(t, "evt-5"))
+		require.Equal(t, 4, m.records(t))
+		require.EqualValues(t, 5, m.calls.Load())
+	})
+
 	t.Run("RedeliveredConcurrentlyTheHandlerRunsOnceAndEveryAckReplaysItsOutput", func(t *testing.T) {
 		t.Parallel()
 		m := setupMiddleware(t, h, dedup.Config{})

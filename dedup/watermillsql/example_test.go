@@ -3,6 +3,7 @@ package watermillsql_test
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -36,7 +37,8 @@ func Example() {
 
 	logger := watermill.NewSlogLogger(nil)
 	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
-		// One message per consuming transaction: the adapter acks all it fetched.
+		// One message per consuming transaction: the adapter acks all it
+		// fetched. See NewSubscriber for batches.
 		SchemaAdapter:    wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1},
 		OffsetsAdapter:   wsql.PostgreSQLQueueOffsetsAdapter{},
 		InitializeSchema: true,
@@ -65,4 +67,28 @@ func Example() {
 		return err
 	})
 	_ = router.Run(ctx)
+}
+
+// NewSubscriber builds the subscriber for batches: it acks only the
+// messages delivered and acked, and the middleware accepts several
+// messages in one of its transactions.
+func ExampleNewSubscriber() {
+	db, err := sql.Open("pgx", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	ackDeadline := 10 * time.Second // well above a handler's longest run
+	sub, err := watermillsql.NewSubscriber(db, wsql.SubscriberConfig{
+		SchemaAdapter:    wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 32},
+		OffsetsAdapter:   wsql.PostgreSQLQueueOffsetsAdapter{},
+		AckDeadline:      &ackDeadline,
+		InitializeSchema: true,
+	}, watermill.NewSlogLogger(nil))
+	if err != nil {
+		panic(err)
+	}
+	defer sub.Close()
+	// ... the router and dedup.Transactional{JoinTx: watermillsql.Tx} as in
+	// the package example.
 }

@@ -11,12 +11,57 @@
 // it the PostgreSQL and MySQL drivers); a program that does not join SQL
 // queue transactions does not link them.
 //
-// The subscriber must be built on database/sql (sql.BeginnerFromStdSQL),
-// with the inbox in the same database, and its schema adapter must fetch
-// one message per transaction (SubscribeBatchSize: 1): the adapter acks
-// the whole fetched batch, so with more a failed message would be acked
-// along with the rest. The middleware refuses a second message in one
-// transaction with [dedup.ErrBatchedConsumingTx].
+// The subscriber must be built on database/sql, with the inbox in the same
+// database.
+//
+// # Batches
+//
+// watermill-sql's subscriber (v4.1.3) fetches up to the schema adapter's
+// SubscribeBatchSize rows in one transaction, hands their messages to the
+// handler one at a time, resending a nacked one in the same transaction,
+// and stops at the first it gives up on (it is closing, or the message's
+// AckDeadline passed). It then runs the offsets adapter's ack statement
+// and commits. The queue adapters (PostgreSQLQueueOffsetsAdapter,
+// MySQLQueueOffsetsAdapter) ack every fetched row, so the rows after the
+// one given up on, never delivered, are acked and lost. The offset
+// adapters (DefaultPostgreSQLOffsetsAdapter, DefaultMySQLOffsetsAdapter)
+// store the last acked row's offset and are safe in this respect.
+//
+// A subscriber built with wsql.NewSubscriber therefore gets one message
+// per joined transaction: the middleware refuses a second with
+// [dedup.ErrBatchedConsumingTx], so set SubscribeBatchSize: 1. Build it
+// with [NewSubscriber] instead to consume batches:
+//
+//	sub, err := watermillsql.NewSubscriber(db, wsql.SubscriberConfig{
+//		SchemaAdapter:  wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 32},
+//		OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{},
+//		AckDeadline:    &ackDeadline, // well above a handler's longest run
+//	}, logger)
+//
+// It acks only the messages delivered and acked ([AckDelivered]), and
+// registers each transaction with [dedup.RegisterBatchedTx], so that:
+//
+//   - every message runs under a savepoint; a failed or panicking attempt
+//     is rolled back to it, and the messages handled before it in the
+//     batch stay committed with the ack, once;
+//   - a message the subscriber gives up on is not acked and comes back in a
+//     later transaction, as do the undelivered rows after it; a message
+//     that fails for good (dedup.Permanent) is recorded as failed in the
+//     transaction and acked with it when a poison queue takes it;
+//   - the ack and the commit wait for an attempt still running, so they
+//     never commit half of it; an attempt that began after the subscriber
+//     gave up writes nothing (dedup.ErrConsumingTxEnded);
+//   - a transaction an attempt found ended by the database (a MySQL
+//     deadlock) is rolled back instead of acked, since on MySQL the ack
+//     would run outside it and autocommit.
+//
+// A handler statement in flight when the subscriber gives up is cancelled
+// with its context, which costs the connection on both drivers and so the
+// whole batch: it is rolled back and delivered again, safely but as
+// wasted work. Closing a message.Router also cancels the context the
+// transaction was begun with, which database/sql answers with a rollback.
+// Handlers should reach the transaction through [dedup.TxFromContext] or
+// [Tx].
 package watermillsql
 
 import (
@@ -39,6 +84,8 @@ func Tx(ctx context.Context) (*sql.Tx, bool) {
 	case *wsql.StdSQLTx:
 		return t.Tx, t.Tx != nil
 	case wsql.StdSQLTx:
+		return t.Tx, t.Tx != nil
+	case *batchedTx:
 		return t.Tx, t.Tx != nil
 	}
 	return nil, false

@@ -63,6 +63,10 @@ func TestSmoke(t *testing.T) {
 				}
 				require.Contains(t, bench, "sqlqueue_plain/1")
 				require.Contains(t, bench, "sqlqueue_inboxmill/1")
+				require.Contains(t, bench, "sqlqueue_plain_batch/1")
+				require.Contains(t, bench, "sqlqueue_inboxmill_batch/1")
+				require.Contains(t, ratios, "sqlqueue_inboxmill_batch_vs_plain_batch/1")
+				require.Contains(t, ratios, "sqlqueue_inboxmill_batch_vs_inboxmill/1")
 				// The partitioned inbox: its growth, its ratios, its purge.
 				for _, s := range []string{"growth_partitioned_empty/1", "growth_partitioned_1k/2"} {
 					require.Contains(t, bench, s)

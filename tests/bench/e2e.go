@@ -97,51 +97,71 @@ func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 }
 
 // sqlQueue publishes msgs events per variant to a watermill-sql queue
-// topic on PostgreSQL and consumes them with one subscriber fetching one
-// message per transaction (SubscribeBatchSize 1, as JoinTx requires); the
-// middleware joins the consuming transaction (watermillsql.Tx). Acked
-// messages are deleted: with the default acked flag every fetch walks past
-// all acked rows and the queue, not the handler, becomes what is measured.
+// topic on PostgreSQL and consumes them with one subscriber, the middleware
+// joining the consuming transaction (watermillsql.Tx). sqlqueue_plain and
+// sqlqueue_inboxmill fetch one message per transaction (SubscribeBatchSize
+// 1, what wsql.NewSubscriber's transactions are held to);
+// sqlqueue_plain_batch and sqlqueue_inboxmill_batch fetch --sqlqueue-batch,
+// the latter through watermillsql.NewSubscriber. Acked messages are
+// deleted: with the default acked flag every fetch walks past all acked
+// rows and the queue, not the handler, becomes what is measured.
 func (b *bench) sqlQueue(ctx context.Context) error {
-	d, _ := dialectByName("pg")
-	for _, v := range e2eVariants {
-		f, err := b.newFixture(ctx, d, "sqlqueue", 4)
-		if err != nil {
-			return err
-		}
-		err = func() error {
-			defer f.close()
-			topic := testdb.UniqueName("bench_queue")
-			schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}
-			f.tables = append(f.tables, schema.MessagesTable(topic))
-			pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(f.db),
-				wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, watermill.NopLogger{})
-			if err != nil {
-				return err
+	batches := []int{1}
+	if b.opts.sqlQueueBatch > 1 {
+		batches = append(batches, b.opts.sqlQueueBatch)
+	}
+	for _, batch := range batches {
+		for _, v := range e2eVariants {
+			scenario := "sqlqueue_" + v
+			if batch > 1 {
+				scenario += "_batch"
 			}
-			msgs := newMessages(b.opts.msgs, nil)
-			for i := 0; i < len(msgs); i += 500 {
-				if err := pub.Publish(topic, msgs[i:min(i+500, len(msgs))]...); err != nil {
-					return err
-				}
+			if err := b.sqlQueueOn(ctx, scenario, batch); err != nil {
+				return fmt.Errorf("%s: %w", scenario, err)
 			}
-			sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(f.db), wsql.SubscriberConfig{
-				SchemaAdapter:    schema,
-				OffsetsAdapter:   wsql.PostgreSQLQueueOffsetsAdapter{DeleteOnAck: true},
-				InitializeSchema: true,
-				PollInterval:     10 * time.Millisecond,
-				ResendInterval:   time.Millisecond,
-			}, watermill.NopLogger{})
-			if err != nil {
-				return err
-			}
-			return b.consumeOn(ctx, f, "sqlqueue_"+v, 1, sub, topic, watermillsql.Tx)
-		}()
-		if err != nil {
-			return fmt.Errorf("%s: %w", v, err)
 		}
 	}
 	return nil
+}
+
+func (b *bench) sqlQueueOn(ctx context.Context, scenario string, batch int) error {
+	d, _ := dialectByName("pg")
+	f, err := b.newFixture(ctx, d, "sqlqueue", 4)
+	if err != nil {
+		return err
+	}
+	defer f.close()
+	topic := testdb.UniqueName("bench_queue")
+	schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: batch}
+	f.tables = append(f.tables, schema.MessagesTable(topic))
+	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(f.db),
+		wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	msgs := newMessages(b.opts.msgs, nil)
+	for i := 0; i < len(msgs); i += 500 {
+		if err := pub.Publish(topic, msgs[i:min(i+500, len(msgs))]...); err != nil {
+			return err
+		}
+	}
+	cfg := wsql.SubscriberConfig{
+		SchemaAdapter:    schema,
+		OffsetsAdapter:   wsql.PostgreSQLQueueOffsetsAdapter{DeleteOnAck: true},
+		InitializeSchema: true,
+		PollInterval:     10 * time.Millisecond,
+		ResendInterval:   time.Millisecond,
+	}
+	var sub message.Subscriber
+	if scenario == "sqlqueue_inboxmill_batch" {
+		sub, err = watermillsql.NewSubscriber(f.db, cfg, watermill.NopLogger{})
+	} else {
+		sub, err = wsql.NewSubscriber(wsql.BeginnerFromStdSQL(f.db), cfg, watermill.NopLogger{})
+	}
+	if err != nil {
+		return err
+	}
+	return b.consumeOn(ctx, f, scenario, 1, sub, topic, watermillsql.Tx)
 }
 
 // consume runs one variant on a fixture of its own.
@@ -177,7 +197,7 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 	router.AddMiddleware(t.middleware)
 	var d *dedup.Deduplicator
 	switch scenario {
-	case "kafka_inboxmill", "sqlqueue_inboxmill", "kafka_group", "kafka_group_pgx":
+	case "kafka_inboxmill", "sqlqueue_inboxmill", "sqlqueue_inboxmill_batch", "kafka_group", "kafka_group_pgx":
 		store, err := f.newStore(ctx)
 		if err != nil {
 			return err

@@ -84,6 +84,9 @@ type options struct {
 	group dedup.Group
 	// partitions are the Kafka topics' partition counts.
 	partitions []int
+	// sqlQueueBatch is the SubscribeBatchSize of the sqlqueue scenario's
+	// batched variants; 1 or less leaves them out.
+	sqlQueueBatch int
 }
 
 func (o options) has(scenario string) bool { return slices.Contains(o.scenarios, scenario) }
@@ -115,6 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.group.MaxSize, "group-size", 0, "inboxmill_group's dedup.Group.MaxSize (default: the library's)")
 	fs.DurationVar(&o.group.MaxLinger, "group-linger", 0, "inboxmill_group's dedup.Group.MaxLinger (default: the library's)")
 	fs.StringVar(&partitionList, "partitions", "4", "the kafka scenario's partition counts, each measured with its own topics (watermill-kafka handles one message per partition at a time)")
+	fs.IntVar(&o.sqlQueueBatch, "sqlqueue-batch", 32, "the sqlqueue scenario's batched variants' SubscribeBatchSize (watermillsql.NewSubscriber); 1 leaves them out")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the results and ratios as Markdown tables to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -125,6 +125,8 @@ func (b *bench) ratios() []ratio {
 			}
 		}
 		throughput("sqlqueue_inboxmill_vs_plain", "sqlqueue_inboxmill", "sqlqueue_plain", dialect, 1)
+		throughput("sqlqueue_inboxmill_batch_vs_plain_batch", "sqlqueue_inboxmill_batch", "sqlqueue_plain_batch", dialect, 1)
+		throughput("sqlqueue_inboxmill_batch_vs_inboxmill", "sqlqueue_inboxmill_batch", "sqlqueue_inboxmill", dialect, 1)
 	}
 	return out
 }

@@ -227,9 +227,10 @@ func TestQueueExactlyOnce(t *testing.T) {
 	}
 }
 
-// TestQueueBatchIsRefused: a schema adapter that fetches several messages
-// per transaction would ack them all with the first; the middleware refuses
-// the second message of a transaction.
+// TestQueueBatchIsRefused: a subscriber built with wsql.NewSubscriber and a
+// queue adapter fetching several messages per transaction acks every row it
+// fetched, delivered or not; the middleware refuses the second message of
+// such a transaction (watermillsql.NewSubscriber is the way to batches).
 func TestQueueBatchIsRefused(t *testing.T) {
 	for _, kind := range kinds {
 		t.Run(string(kind), func(t *testing.T) {
