@@ -12,7 +12,13 @@
 // queue transactions does not link them.
 //
 // The subscriber must be built on database/sql, with the inbox in the same
-// database.
+// database. Build it with [NewSubscriber] rather than wsql.NewSubscriber,
+// even for one message per transaction: watermill-sql's subscriber commits
+// the consuming transaction when it stops waiting for a message (it is
+// closing, or the ack deadline passed) while the handler may still run in
+// it, and a commit between the inbox record and the handler's write would
+// keep the record without the effect. NewSubscriber's commit waits for the
+// attempt.
 //
 // # Batches
 //

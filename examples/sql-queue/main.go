@@ -134,7 +134,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err != nil {
 		return sum, err
 	}
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+	// watermillsql.NewSubscriber, not wsql.NewSubscriber: its commit waits
+	// for a handler still running when the subscriber gives up on a message
+	// (closing, or past the ack deadline), and it acks only what was
+	// delivered, so batches are safe too.
+	sub, err := watermillsql.NewSubscriber(db, wsql.SubscriberConfig{
 		SchemaAdapter:    schema,
 		OffsetsAdapter:   wsql.PostgreSQLQueueOffsetsAdapter{},
 		InitializeSchema: true,

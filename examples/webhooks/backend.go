@@ -107,7 +107,9 @@ func postgresBackend(ctx context.Context, dataSource string) (*backend, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+	// watermillsql.NewSubscriber: its commit waits for a handler still
+	// running when the subscriber gives up on a message.
+	sub, err := watermillsql.NewSubscriber(db, wsql.SubscriberConfig{
 		SchemaAdapter:  schema,
 		OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{},
 		PollInterval:   10 * time.Millisecond,

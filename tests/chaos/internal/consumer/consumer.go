@@ -265,7 +265,7 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		if cfg.db == wire.MySQL {
 			schema, offsets = wsql.MySQLQueueSchema{SubscribeBatchSize: 1}, wsql.MySQLQueueOffsetsAdapter{}
 		}
-		sub, err = wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+		sub, err = watermillsql.NewSubscriber(db, wsql.SubscriberConfig{
 			SchemaAdapter:  schema,
 			OffsetsAdapter: offsets,
 			AckDeadline:    &cfg.ackDeadline,
