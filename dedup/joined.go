@@ -20,13 +20,23 @@ import (
 type TxJoiner func(ctx context.Context) (*sql.Tx, bool)
 
 var (
-	// ErrBatchedConsumingTx: two different messages arrived in one joined
-	// consuming transaction that was not registered with RegisterBatchedTx;
-	// watermill-sql's queue adapters ack every row the subscriber fetched,
-	// delivered or not. Set SubscribeBatchSize: 1, or build the subscriber
-	// with watermillsql.NewSubscriber, which acks only what was delivered.
-	ErrBatchedConsumingTx = errors.New("dedup: several messages share one consuming transaction whose subscriber acks every fetched row " +
-		"(set the schema adapter's SubscribeBatchSize to 1, or build the subscriber with watermillsql.NewSubscriber)")
+	// ErrUnregisteredConsumingTx: the joined consuming transaction was not
+	// registered with RegisterConsumingTx by the transport that began it.
+	// The middleware cannot know that such a transport waits for a running
+	// attempt before it commits: watermill-sql's own subscriber does not
+	// (past a message's ack deadline, or when it closes, it commits under
+	// the handler, keeping the inbox record without the effect). Build the
+	// subscriber with watermillsql.NewSubscriber.
+	ErrUnregisteredConsumingTx = errors.New("dedup: the consuming transaction was not registered by its transport " +
+		"(build watermill-sql's subscriber with watermillsql.NewSubscriber; another transport calls dedup.RegisterConsumingTx)")
+
+	// ErrBatchedConsumingTx was returned when two messages arrived in one
+	// consuming transaction.
+	//
+	// Deprecated: no longer returned. A registered consuming transaction
+	// may carry several messages, and an unregistered one is refused with
+	// ErrUnregisteredConsumingTx.
+	ErrBatchedConsumingTx = errors.New("dedup: several messages share one consuming transaction")
 
 	// ErrConsumingTxAborted: an earlier attempt failed in a way that ended
 	// the joined consuming transaction (MySQL rolls the whole transaction
@@ -50,21 +60,20 @@ func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Mess
 	[]*message.Message, Outcome, error,
 ) {
 	setDeliveryBool(ctx, attrJoined, true)
-	b := registeredBatchedTx(tx)
-	if b != nil {
-		// Held for the whole attempt: the transport's ack statement and
-		// commit wait for it (BatchedTx.Wait, End), so they never catch an
-		// attempt half done.
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		switch {
-		case b.ended:
-			return nil, OutcomeRetry, ErrConsumingTxEnded
-		case b.aborted:
-			return nil, OutcomeRetry, ErrConsumingTxAborted
-		}
-	} else if err := d.txs.claim(tx, msg.UUID); err != nil {
-		return nil, OutcomeRetry, err
+	b := registeredConsumingTx(tx)
+	if b == nil {
+		return nil, OutcomeRetry, ErrUnregisteredConsumingTx
+	}
+	// Held for the whole attempt: the transport's own statements and its
+	// commit wait for it (ConsumingTx.Wait, End), so they never catch an
+	// attempt half done.
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.ended:
+		return nil, OutcomeRetry, ErrConsumingTxEnded
+	case b.aborted:
+		return nil, OutcomeRetry, ErrConsumingTxAborted
 	}
 	var (
 		out     []*message.Message
@@ -87,11 +96,7 @@ func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Mess
 	case errors.Is(err, inbox.ErrTxAborted):
 		// The savepoint is gone: the database ended the transaction (a
 		// MySQL deadlock rolls it back whole). Writing on would autocommit.
-		if b != nil {
-			b.aborted = true
-		} else {
-			d.txs.abort(tx)
-		}
+		b.aborted = true
 		return nil, OutcomeRetry, fmt.Errorf("%w: %w", ErrConsumingTxAborted, err)
 	}
 	var pe *PermanentError
@@ -111,87 +116,39 @@ func (d *Deduplicator) joined(ctx context.Context, tx *sql.Tx, msg *message.Mess
 	return nil, outcome, err
 }
 
-// txRegistry remembers, per joined consuming transaction, which message it
-// carries and whether it was aborted. Keys are weak: an entry goes away
-// when its transaction is garbage.
-type txRegistry struct {
-	m sync.Map // weak.Pointer[sql.Tx] -> *txState
-}
-
-type txState struct {
-	mu      sync.Mutex
-	uuid    string
-	aborted bool
-}
-
-func (r *txRegistry) state(tx *sql.Tx) *txState {
-	key := weak.Make(tx)
-	if v, ok := r.m.Load(key); ok {
-		return v.(*txState)
-	}
-	v, loaded := r.m.LoadOrStore(key, &txState{})
-	if !loaded {
-		runtime.AddCleanup(tx, func(k weak.Pointer[sql.Tx]) { r.m.Delete(k) }, key)
-	}
-	return v.(*txState)
-}
-
-// claim records that tx carries the message uuid; a redelivery of the same
-// message (a nack resends it in the same transaction) is fine, another
-// message is not.
-func (r *txRegistry) claim(tx *sql.Tx, uuid string) error {
-	st := r.state(tx)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	switch {
-	case st.aborted:
-		return ErrConsumingTxAborted
-	case st.uuid == "":
-		st.uuid = uuid
-	case st.uuid != uuid:
-		return ErrBatchedConsumingTx
-	}
-	return nil
-}
-
-func (r *txRegistry) abort(tx *sql.Tx) {
-	st := r.state(tx)
-	st.mu.Lock()
-	st.aborted = true
-	st.mu.Unlock()
-}
-
-// batchedTxs holds the consuming transactions registered with
-// RegisterBatchedTx. Keys are weak: an entry goes away when its
+// consumingTxs holds the consuming transactions registered with
+// RegisterConsumingTx. Keys are weak: an entry goes away when its
 // transaction is garbage.
-var batchedTxs sync.Map // weak.Pointer[sql.Tx] -> *BatchedTx
+var consumingTxs sync.Map // weak.Pointer[sql.Tx] -> *ConsumingTx
 
-// BatchedTx is a consuming transaction that several messages may share,
-// registered by the transport that began it. The transport promises to
-// ack, at commit, only the messages that were delivered and acked, and to
-// call Wait before each statement of its own and End before it ends the
-// transaction. Package dedup/watermillsql does this for watermill-sql's
+// ConsumingTx is a consuming transaction registered by the transport that
+// began it, which the middleware may join (Transactional.JoinTx). The
+// transport promises to call Wait before each statement of its own and
+// End before it commits or rolls back, so that it never ends the
+// transaction under a running attempt; and, when several messages share
+// the transaction, to ack at commit only those that were delivered and
+// acked. Package dedup/watermillsql does this for watermill-sql's
 // subscriber (watermillsql.NewSubscriber).
-type BatchedTx struct {
+type ConsumingTx struct {
 	mu      sync.Mutex // held by an attempt running in the transaction
 	aborted bool       // an attempt found the transaction ended by the database
 	ended   bool       // the transport committed or rolled it back
 }
 
-// RegisterBatchedTx registers tx, a consuming transaction the transport
-// has just begun, so that the joined middleware accepts several messages
-// in it instead of refusing the second with ErrBatchedConsumingTx.
-func RegisterBatchedTx(tx *sql.Tx) *BatchedTx {
-	b := &BatchedTx{}
+// RegisterConsumingTx registers tx, a consuming transaction the transport
+// has just begun, so that the joined middleware runs in it; it refuses an
+// unregistered one with ErrUnregisteredConsumingTx.
+func RegisterConsumingTx(tx *sql.Tx) *ConsumingTx {
+	b := &ConsumingTx{}
 	key := weak.Make(tx)
-	batchedTxs.Store(key, b)
-	runtime.AddCleanup(tx, func(k weak.Pointer[sql.Tx]) { batchedTxs.Delete(k) }, key)
+	consumingTxs.Store(key, b)
+	runtime.AddCleanup(tx, func(k weak.Pointer[sql.Tx]) { consumingTxs.Delete(k) }, key)
 	return b
 }
 
-func registeredBatchedTx(tx *sql.Tx) *BatchedTx {
-	if v, ok := batchedTxs.Load(weak.Make(tx)); ok {
-		return v.(*BatchedTx)
+func registeredConsumingTx(tx *sql.Tx) *ConsumingTx {
+	if v, ok := consumingTxs.Load(weak.Make(tx)); ok {
+		return v.(*ConsumingTx)
 	}
 	return nil
 }
@@ -202,7 +159,7 @@ func registeredBatchedTx(tx *sql.Tx) *BatchedTx {
 // the transaction may still be written through: false once an attempt
 // found it aborted by the database (a MySQL deadlock rolls it back whole;
 // a statement sent after that would autocommit).
-func (b *BatchedTx) Wait() bool {
+func (b *ConsumingTx) Wait() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return !b.aborted && !b.ended
@@ -211,7 +168,7 @@ func (b *BatchedTx) Wait() bool {
 // End is Wait, after which attempts in the transaction are refused with
 // ErrConsumingTxEnded. The transport calls it before it commits or rolls
 // back; when it reports false the transport must roll back, not commit.
-func (b *BatchedTx) End() bool {
+func (b *ConsumingTx) End() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ok := !b.aborted && !b.ended

@@ -28,7 +28,6 @@ type Deduplicator struct {
 	fp      FingerprintFunc
 	metrics *metrics
 	stats   counters
-	txs     txRegistry
 	dups    dupRate
 	log     logger
 	repeats *repeats // nil: every line at its level

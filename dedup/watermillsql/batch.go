@@ -20,7 +20,7 @@ import (
 //     acks only the messages that were delivered and acked, not every row
 //     the batch fetched;
 //   - every transaction it begins is registered with
-//     [dedup.RegisterBatchedTx]; its ack statement and its commit wait for
+//     [dedup.RegisterConsumingTx]; its ack statement and its commit wait for
 //     an attempt still running in it (the subscriber stops waiting for a
 //     message when it closes or the ack deadline passes, while the handler
 //     may still be writing), and a transaction an attempt found aborted by
@@ -87,7 +87,7 @@ func (b beginner) BeginTx(ctx context.Context, opts *sql.TxOptions) (wsql.Tx, er
 	if err != nil {
 		return nil, err
 	}
-	return &batchedTx{Tx: tx, b: dedup.RegisterBatchedTx(tx)}, nil
+	return &batchedTx{Tx: tx, b: dedup.RegisterConsumingTx(tx)}, nil
 }
 
 func (b beginner) ExecContext(ctx context.Context, query string, args ...any) (wsql.Result, error) {
@@ -108,7 +108,7 @@ var errTxAborted = fmt.Errorf("watermillsql: not acking: %w", dedup.ErrConsuming
 // running in it. Handlers reach the *sql.Tx through Tx.
 type batchedTx struct {
 	*sql.Tx
-	b *dedup.BatchedTx
+	b *dedup.ConsumingTx
 }
 
 // subscribers tells the subscriber's own statements from a handler's that

@@ -36,10 +36,12 @@ func Example() {
 	}
 
 	logger := watermill.NewSlogLogger(nil)
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
-		// One message per consuming transaction: the adapter acks all it
-		// fetched. See NewSubscriber for batches.
-		SchemaAdapter:    wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1},
+	ackDeadline := 10 * time.Second // well above a handler's longest run
+	// watermillsql.NewSubscriber, not wsql.NewSubscriber: the middleware
+	// joins only the transactions it registers.
+	sub, err := watermillsql.NewSubscriber(db, wsql.SubscriberConfig{
+		SchemaAdapter:    wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1}, // or more
+		AckDeadline:      &ackDeadline,
 		OffsetsAdapter:   wsql.PostgreSQLQueueOffsetsAdapter{},
 		InitializeSchema: true,
 	}, logger)

@@ -12,13 +12,15 @@
 // queue transactions does not link them.
 //
 // The subscriber must be built on database/sql, with the inbox in the same
-// database. Build it with [NewSubscriber] rather than wsql.NewSubscriber,
-// even for one message per transaction: watermill-sql's subscriber commits
-// the consuming transaction when it stops waiting for a message (it is
-// closing, or the ack deadline passed) while the handler may still run in
-// it, and a commit between the inbox record and the handler's write would
-// keep the record without the effect. NewSubscriber's commit waits for the
-// attempt.
+// database, and with [NewSubscriber] (the arguments of wsql.NewSubscriber):
+// the middleware joins only transactions registered with
+// [dedup.RegisterConsumingTx] and refuses others with
+// [dedup.ErrUnregisteredConsumingTx]. watermill-sql's own subscriber
+// commits the consuming transaction when it stops waiting for a message
+// (it is closing, or the ack deadline passed) while the handler may still
+// run in it; a commit between the inbox record and the handler's write
+// keeps the record without the effect, and the redelivery is acked as a
+// duplicate. NewSubscriber's commit waits for the attempt.
 //
 // # Batches
 //
@@ -33,10 +35,7 @@
 // adapters (DefaultPostgreSQLOffsetsAdapter, DefaultMySQLOffsetsAdapter)
 // store the last acked row's offset and are safe in this respect.
 //
-// A subscriber built with wsql.NewSubscriber therefore gets one message
-// per joined transaction: the middleware refuses a second with
-// [dedup.ErrBatchedConsumingTx], so set SubscribeBatchSize: 1. Build it
-// with [NewSubscriber] instead to consume batches:
+// [NewSubscriber] consumes batches safely:
 //
 //	sub, err := watermillsql.NewSubscriber(db, wsql.SubscriberConfig{
 //		SchemaAdapter:  wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 32},
@@ -45,7 +44,7 @@
 //	}, logger)
 //
 // It acks only the messages delivered and acked ([AckDelivered]), and
-// registers each transaction with [dedup.RegisterBatchedTx], so that:
+// registers each transaction with [dedup.RegisterConsumingTx], so that:
 //
 //   - every message runs under a savepoint; a failed or panicking attempt
 //     is rolled back to it, and the messages handled before it in the

@@ -53,7 +53,7 @@ func TestEndToEnd(t *testing.T) {
 	schema := wsql.PostgreSQLQueueSchema{SubscribeBatchSize: 1, GeneratePayloadType: func(string) string { return "BYTEA" }}
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema}, watermill.NopLogger{})
 	require.NoError(t, err)
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+	sub, err := watermillsql.NewSubscriber(db, wsql.SubscriberConfig{
 		SchemaAdapter:  schema,
 		OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{},
 		PollInterval:   10 * time.Millisecond,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -100,9 +101,9 @@ func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 // topic on PostgreSQL and consumes them with one subscriber, the middleware
 // joining the consuming transaction (watermillsql.Tx). sqlqueue_plain and
 // sqlqueue_inboxmill fetch one message per transaction (SubscribeBatchSize
-// 1, what wsql.NewSubscriber's transactions are held to);
-// sqlqueue_plain_batch and sqlqueue_inboxmill_batch fetch --sqlqueue-batch,
-// the latter through watermillsql.NewSubscriber. Acked messages are
+// 1); sqlqueue_plain_batch and sqlqueue_inboxmill_batch fetch
+// --sqlqueue-batch. The middleware's variants consume through
+// watermillsql.NewSubscriber, the plain ones through wsql.NewSubscriber. Acked messages are
 // deleted: with the default acked flag every fetch walks past all acked
 // rows and the queue, not the handler, becomes what is measured.
 func (b *bench) sqlQueue(ctx context.Context) error {
@@ -153,7 +154,8 @@ func (b *bench) sqlQueueOn(ctx context.Context, scenario string, batch int) erro
 		ResendInterval:   time.Millisecond,
 	}
 	var sub message.Subscriber
-	if scenario == "sqlqueue_inboxmill_batch" {
+	if strings.HasPrefix(scenario, "sqlqueue_inboxmill") {
+		// The middleware joins only transactions its subscriber registered.
 		sub, err = watermillsql.NewSubscriber(f.db, cfg, watermill.NopLogger{})
 	} else {
 		sub, err = wsql.NewSubscriber(wsql.BeginnerFromStdSQL(f.db), cfg, watermill.NopLogger{})

@@ -181,7 +181,7 @@ func TestQueueExactlyOnce(t *testing.T) {
 				r.AddMiddleware(d.Middleware)
 				// The same handler name in both consumers: it is the operation, part of
 				// the intent's identity.
-				r.AddConsumerHandler("apply", e.topic, e.subscriber(t, 1), handler)
+				r.AddConsumerHandler("apply", e.topic, e.batchSubscriber(t, 1, 30*time.Second), handler)
 				routers.Go(func() { _ = r.Run(ctx) })
 				<-r.Running()
 				t.Cleanup(func() { _ = r.Close() })
@@ -227,38 +227,39 @@ func TestQueueExactlyOnce(t *testing.T) {
 	}
 }
 
-// TestQueueBatchIsRefused: a subscriber built with wsql.NewSubscriber and a
-// queue adapter fetching several messages per transaction acks every row it
-// fetched, delivered or not; the middleware refuses the second message of
-// such a transaction (watermillsql.NewSubscriber is the way to batches).
-func TestQueueBatchIsRefused(t *testing.T) {
+// TestStockSubscriberIsRefused: a subscriber built with wsql.NewSubscriber
+// commits the consuming transaction under a running handler when it stops
+// waiting for a message (past the ack deadline, or closing), and its queue
+// adapters ack every fetched row; the middleware does not join its
+// transactions, whatever the batch size, and the handler never runs
+// (watermillsql.NewSubscriber is the way).
+func TestStockSubscriberIsRefused(t *testing.T) {
 	for _, kind := range kinds {
-		t.Run(string(kind), func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, kind)
-			pub := e.publisher(t)
-			for i := range 3 {
-				require.NoError(t, pub.Publish(e.topic, event(fmt.Sprintf("evt-%d", i), `{}`)))
-			}
-			d, err := dedup.New(e.store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "apply",
-				Mode: dedup.Transactional{JoinTx: watermillsql.Tx}})
-			require.NoError(t, err)
-			h := d.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+		for _, batch := range []int{1, 5} {
+			t.Run(fmt.Sprintf("%s/batch-%d", kind, batch), func(t *testing.T) {
+				t.Parallel()
+				e := setup(t, kind)
+				pub := e.publisher(t)
+				require.NoError(t, pub.Publish(e.topic, event("evt-0", `{}`)))
+				d, err := dedup.New(e.store, dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: "apply",
+					Mode: dedup.Transactional{JoinTx: watermillsql.Tx}})
+				require.NoError(t, err)
+				ran := false
+				h := d.Middleware(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })
 
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			msgs, err := e.subscriber(t, 5).Subscribe(ctx, e.topic)
-			require.NoError(t, err)
-			first := <-msgs
-			_, err = h(first)
-			require.NoError(t, err)
-			first.Ack()
-			second := <-msgs
-			_, err = h(second)
-			require.ErrorIs(t, err, dedup.ErrBatchedConsumingTx)
-			second.Nack()
-			cancel()
-		})
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				msgs, err := e.subscriber(t, batch).Subscribe(ctx, e.topic)
+				require.NoError(t, err)
+				first := <-msgs
+				_, err = h(first)
+				require.ErrorIs(t, err, dedup.ErrUnregisteredConsumingTx)
+				require.False(t, ran)
+				first.Nack()
+				cancel()
+				require.Empty(t, e.effectsPerEvent(t))
+			})
+		}
 	}
 }
 
@@ -287,7 +288,7 @@ func TestQueueConflictGoesToThePoisonQueue(t *testing.T) {
 			r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 			require.NoError(t, err)
 			r.AddMiddleware(pq, d.Middleware)
-			r.AddConsumerHandler("pay", e.topic, e.subscriber(t, 1), func(msg *message.Message) error {
+			r.AddConsumerHandler("pay", e.topic, e.batchSubscriber(t, 1, 30*time.Second), func(msg *message.Message) error {
 				calls.Add(1)
 				tx, _ := dedup.TxFromContext(msg.Context())
 				_, err := tx.ExecContext(msg.Context(), fmt.Sprintf("INSERT INTO %s (event_id, step) VALUES (%s, 1)",
