@@ -215,10 +215,11 @@ func TestOutputTooLargeToStoreInAJoinedTransaction(t *testing.T) {
 		ctx := context.Background()
 		consuming, err := c.db.BeginTx(ctx, nil)
 		require.NoError(t, err)
+		reg := dedup.RegisterConsumingTx(consuming)
 		tx.Store(consuming)
 		defer tx.Store(nil)
 		out, err := h(msg)
-		if err != nil {
+		if err != nil || !reg.End() {
 			_ = consuming.Rollback()
 			return nil, err
 		}

@@ -239,6 +239,7 @@ func TestTracingJoined(t *testing.T) {
 	var err error
 	tx, err = tr.store.DB().BeginTx(context.Background(), nil)
 	require.NoError(t, err)
+	dedup.RegisterConsumingTx(tx) // as the transport that began it does
 	defer func() { _ = tx.Rollback() }()
 	spans, err := tr.deliver(t, noopHandler, `{"amount":1}`)
 	require.NoError(t, err)

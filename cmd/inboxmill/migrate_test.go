@@ -33,7 +33,7 @@ func TestMigrate(t *testing.T) {
 				// A file that does not exist yet (sql.Open connects to
 				// nothing): migrate creates it.
 				dsn = filepath.Join(t.TempDir(), "fresh.db")
-				db = testdb.OpenSQLite(t, dsn)
+				db = testdb.OpenSQLiteUnopened(t, dsn)
 			case testdb.MySQL:
 				db, dsn = testdb.Open(t, kind), testdb.MySQLDSN()
 			default:

@@ -157,6 +157,19 @@ func OpenSQLite(t testing.TB, path string) *sql.DB {
 	return db
 }
 
+// OpenSQLiteUnopened is OpenSQLite without the first connection: the file
+// at path is not created until something uses the database, for tests of
+// what happens when it does not exist yet.
+func OpenSQLiteUnopened(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", sqlite.DSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
 // UniqueName returns prefix plus a random suffix, a valid identifier for a
 // per-test table.
 func UniqueName(prefix string) string {
