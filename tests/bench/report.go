@@ -90,18 +90,22 @@ func (b *bench) ratios() []ratio {
 			out = append(out, ratio{name: name, dialect: dialect, workers: workers, value: n.perSec / d.perSec})
 		}
 	}
+	// withLatency is throughput with the p50 and p99 of both sides beside
+	// the ratio: the group commit targets bound latency as well.
+	withLatency := func(name, num, den string, dialect string, workers int) {
+		throughput(name, num, den, dialect, workers)
+		if n := len(out); n > 0 && out[n-1].name == name && out[n-1].dialect == dialect && out[n-1].workers == workers {
+			g, _ := b.find(num, dialect, workers)
+			p, _ := b.find(den, dialect, workers)
+			out[n-1].extra = fmt.Sprintf("p50_us=%.0f p99_us=%.0f plain_p50_us=%.0f plain_p99_us=%.0f",
+				micros(g.p50), micros(g.p99), micros(p.p50), micros(p.p99))
+		}
+	}
 	for _, dialect := range b.opts.dialects {
 		for _, w := range b.opts.workers {
 			throughput("inboxmill_vs_plain", "inboxmill", "plain", dialect, w)
-			for _, gr := range [][2]string{{"group_vs_plain", "inboxmill_group"}, {"group_pgx_vs_plain", "inboxmill_group_pgx"}} {
-				throughput(gr[0], gr[1], "plain", dialect, w)
-				if n := len(out); n > 0 && out[n-1].name == gr[0] && out[n-1].dialect == dialect && out[n-1].workers == w {
-					g, _ := b.find(gr[1], dialect, w)
-					p, _ := b.find("plain", dialect, w)
-					out[n-1].extra = fmt.Sprintf("p50_us=%.0f p99_us=%.0f plain_p50_us=%.0f plain_p99_us=%.0f",
-						micros(g.p50), micros(g.p99), micros(p.p50), micros(p.p99))
-				}
-			}
+			withLatency("group_vs_plain", "inboxmill_group", "plain", dialect, w)
+			withLatency("group_pgx_vs_plain", "inboxmill_group_pgx", "plain", dialect, w)
 			throughput("one_statement_vs_plain", "plain_stmt", "plain", dialect, w)
 			throughput("inboxmill_vs_plain_stmt", "inboxmill", "plain_stmt", dialect, w)
 			throughput("dup_vs_fresh", "inboxmill_dup", "inboxmill", dialect, w)
@@ -114,15 +118,8 @@ func (b *bench) ratios() []ratio {
 		}
 		for _, parts := range b.opts.partitions {
 			throughput("kafka_inboxmill_vs_plain", "kafka_inboxmill", "kafka_plain", dialect, parts)
-			for _, gr := range [][2]string{{"kafka_group_vs_plain", "kafka_group"}, {"kafka_group_pgx_vs_plain", "kafka_group_pgx"}} {
-				throughput(gr[0], gr[1], "kafka_plain", dialect, parts)
-				if n := len(out); n > 0 && out[n-1].name == gr[0] && out[n-1].dialect == dialect && out[n-1].workers == parts {
-					g, _ := b.find(gr[1], dialect, parts)
-					p, _ := b.find("kafka_plain", dialect, parts)
-					out[n-1].extra = fmt.Sprintf("p50_us=%.0f p99_us=%.0f plain_p50_us=%.0f plain_p99_us=%.0f",
-						micros(g.p50), micros(g.p99), micros(p.p50), micros(p.p99))
-				}
-			}
+			withLatency("kafka_group_vs_plain", "kafka_group", "kafka_plain", dialect, parts)
+			withLatency("kafka_group_pgx_vs_plain", "kafka_group_pgx", "kafka_plain", dialect, parts)
 		}
 		throughput("sqlqueue_inboxmill_vs_plain", "sqlqueue_inboxmill", "sqlqueue_plain", dialect, 1)
 		throughput("sqlqueue_inboxmill_batch_vs_plain_batch", "sqlqueue_inboxmill_batch", "sqlqueue_plain_batch", dialect, 1)

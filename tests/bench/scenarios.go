@@ -12,6 +12,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
+	"github.com/inboxmill/inboxmill/internal/pipeline"
 	"github.com/inboxmill/inboxmill/internal/testdb"
 )
 
@@ -201,16 +202,26 @@ func planInboxmill(ctx context.Context, f *fixture, duplicates bool, readFirst d
 // planGroup is planInboxmill with group commit on (the settings of
 // --group-*, the library's defaults otherwise).
 func planGroup(ctx context.Context, f *fixture) (plan, error) {
+	return planGrouped(ctx, f, nil, f.inClaimTx)
+}
+
+// planGroupPgx is planGroup in pgx pipelines, with a handler that queues.
+func planGroupPgx(ctx context.Context, f *fixture) (plan, error) {
+	return planGrouped(ctx, f, pgxgroup.Pipeline(), f.queued)
+}
+
+func planGrouped(ctx context.Context, f *fixture, pipe pipeline.Opener, h message.HandlerFunc) (plan, error) {
 	store, err := f.newStore(ctx)
 	if err != nil {
 		return plan{}, err
 	}
 	g := f.group
+	g.Pipeline = pipe
 	d, err := dedup.New(store, dedupConfig(dedup.Transactional{Group: &g}))
 	if err != nil {
 		return plan{}, err
 	}
-	return plan{deliver: d.Middleware(f.inClaimTx), check: func(ctx context.Context, total int) error {
+	return plan{deliver: d.Middleware(h), check: func(ctx context.Context, total int) error {
 		if st := d.Stats(); st != (dedup.Stats{Executed: uint64(total)}) {
 			return fmt.Errorf("middleware stats %+v, want %d executed", st, total)
 		}
@@ -231,28 +242,6 @@ func (f *fixture) queued(msg *message.Message) ([]*message.Message, error) {
 	}
 	tx.Queue(f.insert, eventID(msg), 100)
 	return nil, nil
-}
-
-func planGroupPgx(ctx context.Context, f *fixture) (plan, error) {
-	store, err := f.newStore(ctx)
-	if err != nil {
-		return plan{}, err
-	}
-	g := f.group
-	g.Pipeline = pgxgroup.Pipeline()
-	d, err := dedup.New(store, dedupConfig(dedup.Transactional{Group: &g}))
-	if err != nil {
-		return plan{}, err
-	}
-	return plan{deliver: d.Middleware(f.queued), check: func(ctx context.Context, total int) error {
-		if st := d.Stats(); st != (dedup.Stats{Executed: uint64(total)}) {
-			return fmt.Errorf("middleware stats %+v, want %d executed", st, total)
-		}
-		return f.expectRows(ctx, f.effects, total)
-	}, note: func() string {
-		gs := d.GroupStats()
-		return fmt.Sprintf("%d groups, %.1f members each", gs.Groups, float64(gs.Members)/float64(max(gs.Groups, 1)))
-	}}, nil
 }
 
 func planReserve(ctx context.Context, f *fixture) (plan, error) {
