@@ -28,6 +28,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/handlers/reconcile"
 	"github.com/inboxmill/inboxmill/inbox"
@@ -60,6 +61,7 @@ type config struct {
 	dieAt, history                      string
 	dieAfter, pool                      int
 	lifeline, verbose, partitioned      bool
+	pipeline                            bool
 	ackDeadline, sqlPoll, closeDeadline time.Duration
 }
 
@@ -85,6 +87,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.pool, "pool", 4, "maximum open database connections")
 	fs.BoolVar(&c.lifeline, "lifeline", false, "stop when stdin reaches EOF (the driver is gone)")
 	fs.BoolVar(&c.partitioned, "partitioned", false, "PostgreSQL: the inbox table is partitioned (postgres.Partitioned)")
+	fs.BoolVar(&c.pipeline, "pipeline", false, "kafka-group on PostgreSQL: groups in pgx pipelines (dedup/pgxgroup), the handler queues its effect")
 	fs.BoolVar(&c.verbose, "v", false, "log what Watermill and inboxmill do, to stderr")
 	fs.DurationVar(&c.ackDeadline, "ack-deadline", 5*time.Second, "sql-queue: watermill-sql's AckDeadline")
 	fs.DurationVar(&c.sqlPoll, "sql-poll", 20*time.Millisecond, "sql-queue: poll interval of an empty queue")
@@ -110,6 +113,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.mode != wire.SQLQueue && c.group == "" {
 		errs = append(errs, errors.New("-group is required in Kafka modes"))
+	}
+	if c.pipeline && (c.mode != wire.KafkaGroup || c.db != wire.Postgres) {
+		errs = append(errs, errors.New("-pipeline is for kafka-group on PostgreSQL"))
 	}
 	if c.mode == wire.KafkaReserve && c.provider == "" {
 		errs = append(errs, errors.New("-provider is required in kafka-reserve mode"))
@@ -249,7 +255,12 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 			// partitions (wire.GroupPartitions spread over its group):
 			// fewer coordinators than deliveries in flight make groups
 			// of several members.
-			dcfg.Mode = dedup.Transactional{Group: &dedup.Group{Coordinators: groupCoordinators}}
+			g := &dedup.Group{Coordinators: groupCoordinators}
+			if cfg.pipeline {
+				g.Pipeline = pgxgroup.Pipeline()
+				ks.grouped.status = txStatus(db)
+			}
+			dcfg.Mode = dedup.Transactional{Group: g}
 		}
 	case wire.SQLQueue:
 		// SubscribeBatchSize 1: the queue acks everything it fetched in one
@@ -300,6 +311,9 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		defer rec.Close()
 	} else {
 		h = effectHandler(cfg.effectsTable, cfg.name, dialect.Placeholder, ks)
+		if cfg.pipeline {
+			h = queuedEffectHandler(cfg.effectsTable, cfg.name, ks)
+		}
 	}
 	d, err := dedup.New(store, dcfg)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/handlers/reconcile"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/wire"
@@ -56,20 +57,68 @@ func effectHandler(table, name string, placeholder func(int) string, ks *killSwi
 	}
 }
 
+// queuedEffectHandler is effectHandler for groups in pgx pipelines: the
+// handler queues its effect, which goes to PostgreSQL with the group's
+// COMMIT. It reads the group transaction's ID first (a statement run at
+// once, after what the members before it queued), by which the kill
+// switch tells the group transactions apart and asks PostgreSQL, when the
+// delivery returns, whether the one it last ran in committed.
+func queuedEffectHandler(table, name string, ks *killSwitch) message.NoPublishHandlerFunc {
+	insert := `INSERT INTO ` + table + ` (event_id, amount, consumer) VALUES ($1, $2, $3)`
+	return func(msg *message.Message) error {
+		ctx := msg.Context()
+		tx, ok := pgxgroup.FromContext(ctx)
+		if !ok {
+			return errors.New("no pipelined group transaction in the message's context")
+		}
+		var ev wire.Event
+		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
+			return dedup.Permanent(err)
+		}
+		var xid int64
+		if err := tx.QueryRowContext(ctx, "SELECT txid_current()").Scan(&xid); err != nil {
+			return err
+		}
+		ranHandler(ctx, xid)
+		ks.at(wire.AfterClaim)
+		tx.Queue(insert, ev.EventID, ev.Amount, name)
+		if ks.grouped.joins(xid) {
+			ks.at(wire.MidHandler)
+		}
+		return nil
+	}
+}
+
+// txStatus asks PostgreSQL whether the transaction with ID xid
+// committed, on a connection of db's own.
+func txStatus(db *sql.DB) func(xid int64) (committed bool, err error) {
+	return func(xid int64) (bool, error) {
+		var st sql.NullString
+		if err := db.QueryRowContext(context.Background(), "SELECT txid_status($1)", xid).Scan(&st); err != nil {
+			return false, err
+		}
+		return st.String == "committed", nil
+	}
+}
+
 // groupTxs follows the group transactions of group commit mode. The
 // handlers of a group run one after the other in its transaction, so a
 // transaction seen before holds another member's uncommitted effect; and a
 // handler that fails makes the middleware roll the group's transaction
 // back and run the group again without it, so the effects written in that
 // transaction are undone.
+//
+// A transaction is its *sql.Tx, or in pgx pipelines the server's
+// transaction ID (int64), whose fate status reads from PostgreSQL.
 type groupTxs struct {
 	mu             sync.Mutex
-	seen, rollback map[*sql.Tx]bool
+	seen, rollback map[any]bool
+	status         func(xid int64) (committed bool, err error)
 }
 
 // joins records a handler's run in tx and reports whether another
 // member's handler ran in it before.
-func (g *groupTxs) joins(tx *sql.Tx) bool {
+func (g *groupTxs) joins(tx any) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.seen[tx] {
@@ -77,24 +126,30 @@ func (g *groupTxs) joins(tx *sql.Tx) bool {
 	}
 	if g.seen == nil || len(g.seen) >= 4096 {
 		// Bounded: a transaction of long ago has ended.
-		g.seen = map[*sql.Tx]bool{}
+		g.seen = map[any]bool{}
 	}
 	g.seen[tx] = true
 	return false
 }
 
 // failed records that a handler failed in tx: the group rolls it back.
-func (g *groupTxs) failed(tx *sql.Tx) {
+func (g *groupTxs) failed(tx any) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.rollback == nil || len(g.rollback) >= 4096 {
-		g.rollback = map[*sql.Tx]bool{}
+		g.rollback = map[any]bool{}
 	}
 	g.rollback[tx] = true
 }
 
-// rolledBack reports whether tx was rolled back because a handler failed.
-func (g *groupTxs) rolledBack(tx *sql.Tx) bool {
+// rolledBack reports whether tx was rolled back because a handler failed
+// (in pgx pipelines: whether it did not commit, which PostgreSQL knows;
+// a statement queued by another member may have failed it).
+func (g *groupTxs) rolledBack(tx any) bool {
+	if xid, ok := tx.(int64); ok && g.status != nil {
+		committed, err := g.status(xid)
+		return err == nil && !committed
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return tx != nil && g.rollback[tx]
@@ -197,10 +252,20 @@ func (k *killSwitch) at(point string) {
 
 type deliveryKey struct{}
 
+// txRef holds a transaction identity (*sql.Tx, an int64 ID, or nil) in an
+// atomic.Value, which wants one concrete type.
+type txRef struct{ tx any }
+
+// lastTx is the transaction of the delivery's last handler run.
+func (d *delivery) lastTxOf() any {
+	r, _ := d.lastTx.Load().(txRef)
+	return r.tx
+}
+
 // delivery is what the kill switch's middleware knows of one delivery.
 type delivery struct {
 	ran       atomic.Bool
-	lastTx    atomic.Pointer[sql.Tx] // of the handler's last run
+	lastTx    atomic.Value // of the handler's last run: a txRef
 	start     time.Time
 	key, hash string
 	hist      *history
@@ -208,10 +273,10 @@ type delivery struct {
 
 // ranHandler notes that the handler ran for this delivery, in tx (nil in
 // reserve mode), for AfterCommit, and records the claim in the history.
-func ranHandler(ctx context.Context, tx *sql.Tx) {
+func ranHandler(ctx context.Context, tx any) {
 	if d, ok := ctx.Value(deliveryKey{}).(*delivery); ok {
 		d.ran.Store(true)
-		d.lastTx.Store(tx)
+		d.lastTx.Store(txRef{tx})
 		d.hist.record(wire.OpClaim, d.key, d.hash, d.start)
 	}
 }
@@ -241,7 +306,7 @@ func (k *killSwitch) middleware(h message.HandlerFunc) message.HandlerFunc {
 			// rolled back (another member failed) and that then found the
 			// key committed by someone else returns success as a
 			// duplicate: it committed nothing.
-			if d.ran.Load() && (k.grouped == nil || !k.grouped.rolledBack(d.lastTx.Load())) {
+			if d.ran.Load() && (k.grouped == nil || !k.grouped.rolledBack(d.lastTxOf())) {
 				k.hist.record(wire.OpCommit, d.key, d.hash, d.start)
 				k.at(wire.AfterCommit)
 			}

@@ -232,6 +232,9 @@ func (m *modeRun) report() {
 	if m.db.partitioned {
 		grouped += " table=partitioned"
 	}
+	if m.mode == wire.KafkaGroup && m.db.pipeline {
+		grouped += " groups=pipelined"
+	}
 	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d%s took=%v",
 		m.label, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,
 		m.kills(), grouped, time.Since(m.started).Round(100*time.Millisecond))

@@ -24,6 +24,8 @@ type database struct {
 	db   *sql.DB
 	// partitioned: the inbox tables are postgres.Partitioned ones.
 	partitioned bool
+	// pipeline: kafka-group's groups run in pgx pipelines.
+	pipeline bool
 }
 
 func openDatabase(ctx context.Context, kind, dsn, app string) (*database, error) {

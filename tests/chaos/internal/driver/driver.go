@@ -98,6 +98,10 @@ type Config struct {
 	// the claims then go through the partitioned table's key lock and
 	// check of every partition, under the same faults.
 	PartitionedPostgres bool
+	// PipelinePostgres runs kafka-group on PostgreSQL with its groups in
+	// pgx pipelines (dedup/pgxgroup): the handler queues its effect, which
+	// goes to the server with the group's COMMIT.
+	PipelinePostgres bool
 	// Keep keeps the tables (and the logs) instead of dropping them.
 	Keep bool
 	// Verbose makes the consumers log to their log files.
@@ -279,6 +283,7 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 				kind, dsn, err)
 		}
 		d.partitioned = kind == wire.Postgres && cfg.PartitionedPostgres
+		d.pipeline = kind == wire.Postgres && cfg.PipelinePostgres
 		defer d.db.Close()
 		r.dbs[kind] = d
 	}

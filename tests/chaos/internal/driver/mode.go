@@ -530,6 +530,9 @@ func (m *modeRun) startConsumer(s *slot) {
 		"-brokers", strings.Join(m.r.brokers, ","), "-poison-topic", m.poisonTopic, "-inbox-table", m.inboxTable,
 		"-pool", fmt.Sprint(pool), "-lifeline", fmt.Sprintf("-partitioned=%v", m.db.partitioned),
 		"-history", filepath.Join(m.historyDir(), strings.NewReplacer("/", "_", "#", "_").Replace(name)+".jsonl")}
+	if m.mode == wire.KafkaGroup && m.db.pipeline {
+		args = append(args, "-pipeline")
+	}
 	switch m.mode {
 	case wire.KafkaTx, wire.KafkaGroup:
 		args = append(args, "-topic", m.topic, "-group", s.group, "-effects-table", m.effectsTable)
