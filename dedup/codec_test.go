@@ -2,12 +2,15 @@ package dedup
 
 import (
 	"crypto/sha256"
+	mrand "math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/internal/canonjson"
 )
 
 // codecMsg builds a message with the given metadata pairs.
@@ -413,5 +416,65 @@ func TestJSONFingerprintConcurrentUse(t *testing.T) {
 	}
 	for range 8 {
 		require.Equal(t, want, <-done)
+	}
+}
+
+// TestMayBeJSONOnlySkipsWhatCanonicalizeRefuses: the fast path that hashes
+// a payload raw without canonicalising it must never change a
+// fingerprint, so every payload it skips is one Canonicalize refuses.
+func TestMayBeJSONOnlySkipsWhatCanonicalizeRefuses(t *testing.T) {
+	t.Parallel()
+	payloads := [][]byte{nil, []byte(""), []byte("   "), []byte("\ufeff{}"), []byte("<xml/>"), []byte("hello"),
+		[]byte("\x08\x96\x01"), []byte(" \t\n\r{\"a\":1}"), []byte("+1"), []byte(".5"), []byte("Infinity"), []byte("'x'")}
+	r := mrand.New(mrand.NewPCG(1, 2))
+	for range 20000 {
+		p := make([]byte, 1+r.IntN(8))
+		for i := range p {
+			p[i] = byte(r.IntN(256))
+		}
+		payloads = append(payloads, p)
+	}
+	skipped := 0
+	for _, p := range payloads {
+		if mayBeJSON(p) {
+			continue
+		}
+		skipped++
+		_, err := canonjson.Canonicalize(p, nil)
+		require.Error(t, err, "%q is skipped but canonicalises", p)
+	}
+	require.Greater(t, skipped, 15000)
+	for _, p := range []string{`{}`, `[1]`, `"x"`, `-1`, `0`, `true`, `false`, `null`, "\n {}"} {
+		require.True(t, mayBeJSON([]byte(p)), p)
+	}
+}
+
+// BenchmarkJSONFingerprint: a JSON event, and payloads that are not JSON
+// (a binary body, plain text), which hash raw.
+func BenchmarkJSONFingerprint(b *testing.B) {
+	f, err := JSONFingerprint("sent_at")
+	require.NoError(b, err)
+	bin := make([]byte, 1024)
+	for i := range bin {
+		bin[i] = byte(i * 7)
+	}
+	for _, c := range []struct {
+		name    string
+		payload []byte
+	}{
+		{"json", []byte(`{"order_id":"ord-1842","amount":{"value":"49.90","currency":"EUR"},"sent_at":"2026-12-01T10:00:00Z","items":[{"sku":"A-1","qty":2}]}`)},
+		{"binary", bin},
+		{"text", []byte(strings.Repeat("plain text body ", 64))},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			msg := codecMsg("u", c.payload)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(c.payload)))
+			for b.Loop() {
+				if _, err := f(msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

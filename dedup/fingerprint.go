@@ -49,6 +49,14 @@ func RawFingerprint(msg *message.Message) ([]byte, error) {
 
 func fingerprintJSON(payload []byte, ignore []canonjson.Path) []byte {
 	h := sha256.New()
+	if !mayBeJSON(payload) {
+		// What Canonicalize would refuse at its first token, without the
+		// error it would build: binary and plain-text payloads (webhook
+		// bodies, protobuf) hash raw at once.
+		h.Write([]byte("raw\x00"))
+		h.Write(payload)
+		return h.Sum(nil)
+	}
 	if canon, err := canonjson.Canonicalize(payload, ignore); err == nil {
 		// Domain separation: a canonical form and a raw payload that happen
 		// to be the same bytes still hash apart.
@@ -59,4 +67,20 @@ func fingerprintJSON(payload []byte, ignore []canonjson.Path) []byte {
 		h.Write(payload)
 	}
 	return h.Sum(nil)
+}
+
+// mayBeJSON reports whether payload's first byte after JSON whitespace can
+// begin a JSON value. When it cannot, the payload is not JSON at all.
+func mayBeJSON(payload []byte) bool {
+	for _, c := range payload {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			continue
+		case '{', '[', '"', '-', 't', 'f', 'n':
+			return true
+		default:
+			return c >= '0' && c <= '9'
+		}
+	}
+	return false
 }

@@ -34,7 +34,7 @@ type fixture struct {
 	act func(msg *message.Message, tx *pgxgroup.Tx) error
 }
 
-func setup(t *testing.T, g dedup.Group) *fixture {
+func setup(t testing.TB, g dedup.Group) *fixture {
 	t.Helper()
 	db := testdb.Open(t, testdb.PostgresPGX)
 	table := testdb.UniqueName("pgxg")
