@@ -50,6 +50,9 @@
 // group is rolled back and runs again without it. A delivery alone in
 // flight waits for nobody. See [Group] for what it asks of handlers and
 // docs/benchmarks.md for what it gains and costs; it is off by default.
+// On PostgreSQL through pgx, Group.Pipeline (package dedup/pgxgroup)
+// sends a group's statements in two round trips whatever its size, with
+// handlers that queue their writes: the fastest mode.
 //
 // # Usage
 //
