@@ -26,8 +26,14 @@
 // result can be checked with the callbacks of pgx.QueuedQuery (Exec,
 // Query, QueryRow); a callback's error, like the statement's own, fails
 // its member alone: the group rolls back and runs again without it, and
-// that delivery is nacked. When any member set a callback, the COMMIT
-// goes in a third round trip, after the callbacks have run.
+// that delivery is nacked (or, for a dedup.Permanent error, recorded as
+// failed, as a handler's own error is). When any member set a callback,
+// the COMMIT goes in a third round trip, after the callbacks have run.
+// A member that returns output messages pays a round trip more, which
+// stores them in its record.
+//
+// dedup.TxFromContext finds nothing in this mode: handlers written for
+// the *sql.Tx of the other modes are to use FromContext instead.
 //
 // Statements a handler needs to run at once (a read it decides on) go
 // through Tx's ExecContext, QueryContext and QueryRowContext, which first
