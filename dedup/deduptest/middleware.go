@@ -59,6 +59,21 @@ func setupMiddleware(t *testing.T, h Harness, cfg dedup.Config) *mw {
 	return &mw{bundle: b, d: d}
 }
 
+// setupJoined is setupMiddleware joining the consuming transaction the
+// test stores in the returned pointer (none while it is nil), as a
+// transport's TxJoiner finds it.
+func setupJoined(t *testing.T, h Harness) (*mw, *atomic.Pointer[sql.Tx]) {
+	t.Helper()
+	var consuming atomic.Pointer[sql.Tx]
+	m := setupMiddleware(t, h, dedup.Config{Mode: dedup.Transactional{
+		JoinTx: func(context.Context) (*sql.Tx, bool) {
+			tx := consuming.Load()
+			return tx, tx != nil
+		},
+	}})
+	return m, &consuming
+}
+
 func (m *mw) handler(msg *message.Message) ([]*message.Message, error) {
 	call := m.calls.Add(1)
 	tx, ok := handlerTx(msg.Context())
@@ -453,13 +468,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		// A transport that consumes in a transaction (watermill-sql) resends
 		// a nacked message in the same transaction, and commits the ack with
 		// whatever the last attempt wrote.
-		var consuming atomic.Pointer[sql.Tx]
-		m := setupMiddleware(t, h, dedup.Config{Mode: dedup.Transactional{
-			JoinTx: func(context.Context) (*sql.Tx, bool) {
-				tx := consuming.Load()
-				return tx, tx != nil
-			},
-		}})
+		m, consuming := setupJoined(t, h)
 		boom := errors.New("downstream unavailable")
 		m.fail = func(call int64) error {
 			if call == 1 {
@@ -498,13 +507,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		// A transport that did not register its transaction may commit it
 		// under a running attempt (watermill-sql's own subscriber does, past
 		// a message's ack deadline): the middleware does not join it.
-		var consuming atomic.Pointer[sql.Tx]
-		m := setupMiddleware(t, h, dedup.Config{Mode: dedup.Transactional{
-			JoinTx: func(context.Context) (*sql.Tx, bool) {
-				tx := consuming.Load()
-				return tx, tx != nil
-			},
-		}})
+		m, consuming := setupJoined(t, h)
 		tx, err := m.db.BeginTx(m.ctx, nil)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Rollback() })
@@ -523,13 +526,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		// (dedup.RegisterConsumingTx) acks only the messages delivered and
 		// acked: several messages share it, each attempt under a savepoint,
 		// and its end waits for an attempt still running.
-		var consuming atomic.Pointer[sql.Tx]
-		m := setupMiddleware(t, h, dedup.Config{Mode: dedup.Transactional{
-			JoinTx: func(context.Context) (*sql.Tx, bool) {
-				tx := consuming.Load()
-				return tx, tx != nil
-			},
-		}})
+		m, consuming := setupJoined(t, h)
 		boom := errors.New("downstream unavailable")
 		var (
 			block   = make(chan struct{})

@@ -196,16 +196,7 @@ func TestQueueBatchExactlyOnce(t *testing.T) {
 				return len(e.unacked(t)) == 0
 			}, 2*time.Minute, 20*time.Millisecond)
 
-			per := e.effectsPerEvent(t)
-			require.Len(t, per, events, "no event lost")
-			for id, n := range per {
-				require.Equal(t, 1, n, "event %s: the successful attempt's write only", id)
-			}
-			var executed uint64
-			for _, d := range ds {
-				executed += d.Stats().Executed
-			}
-			require.EqualValues(t, events, executed)
+			e.requireOnce(t, ds, events, 1)
 		})
 	}
 }

@@ -88,6 +88,23 @@ func (e *env) subscriber(t *testing.T, batch int) message.Subscriber {
 	return sub
 }
 
+// requireOnce checks that every one of events events has writes effect
+// rows, those of one successful attempt and nothing of the failed ones,
+// and that the deduplicators ds executed each once.
+func (e *env) requireOnce(t *testing.T, ds []*dedup.Deduplicator, events, writes int) {
+	t.Helper()
+	per := e.effectsPerEvent(t)
+	require.Len(t, per, events, "no event lost")
+	for id, n := range per {
+		require.Equal(t, writes, n, "event %s: the writes of one successful attempt, nothing of the failed ones", id)
+	}
+	var executed uint64
+	for _, d := range ds {
+		executed += d.Stats().Executed
+	}
+	require.EqualValues(t, events, executed)
+}
+
 func event(id, payload string) *message.Message {
 	msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
 	msg.Metadata.Set("event_id", id)
@@ -213,16 +230,7 @@ func TestQueueExactlyOnce(t *testing.T) {
 			cancel()
 			routers.Wait()
 
-			per := e.effectsPerEvent(t)
-			require.Len(t, per, events, "no event lost")
-			for id, n := range per {
-				require.Equal(t, 2, n, "event %s: both writes of one successful attempt, nothing of the failed ones", id)
-			}
-			var executed uint64
-			for _, d := range ds {
-				executed += d.Stats().Executed
-			}
-			require.EqualValues(t, events, executed)
+			e.requireOnce(t, ds, events, 2)
 		})
 	}
 }
