@@ -36,7 +36,7 @@ const MaxClaimMany = 1000
 // [IsRetryable] — on MySQL also when a concurrent transaction claimed one
 // of the keys between the read and the insert.
 func (s *Store) ClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) ([]ClaimResult, error) {
-	cs, err := s.prepareClaims(ctx, q, ps)
+	cs, err := s.prepareClaims(ctx, q, ps, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +81,7 @@ func (s *Store) PlanClaimMany(ctx context.Context, q DBTX, ps []ClaimParams) (*C
 		return nil, fmt.Errorf("%w: dialect %s cannot claim several keys in one statement that returns them",
 			ErrInvalidConfig, s.dialect.Name())
 	}
-	cs, err := s.prepareClaims(ctx, q, ps)
+	cs, err := s.prepareClaims(ctx, q, ps, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -135,20 +135,42 @@ type claimSet struct {
 	followers map[int]int
 }
 
+// leaseOf is the lease a reservation of ReserveMany inserts its
+// processing record with.
+type leaseOf struct {
+	owner string
+	lease time.Duration
+}
+
 // prepareClaims validates ps, places each claim (a partitioned inbox),
-// and sorts and deduplicates the keys.
-func (s *Store) prepareClaims(ctx context.Context, q DBTX, ps []ClaimParams) (*claimSet, error) {
+// and sorts and deduplicates the keys. With leases (ReserveMany: one per
+// claim) the records are inserted processing under them; without, in
+// the status each claim asks for.
+func (s *Store) prepareClaims(ctx context.Context, q DBTX, ps []ClaimParams, leases []leaseOf) (*claimSet, error) {
+	what := "claim many"
+	if leases != nil {
+		what = "reserve many"
+	}
 	if len(ps) > MaxClaimMany {
-		return nil, fmt.Errorf("inbox: claim many: %d claims, more than %d", len(ps), MaxClaimMany)
+		return nil, fmt.Errorf("inbox: %s: %d claims, more than %d", what, len(ps), MaxClaimMany)
 	}
 	cs := &claimSet{s: s, ps: ps, out: make([]ClaimResult, len(ps)), now: s.now(), followers: map[int]int{}}
 	now := cs.now
 	claims := make([]*claim, 0, len(ps))
 	for i, p := range ps {
+		var lease leaseOf
+		if leases != nil {
+			lease = leases[i]
+			if err := checkLeaseParams(lease.owner, lease.lease); err != nil {
+				cs.out[i].Err = err
+				continue
+			}
+			p.Status = StatusProcessing
+		}
 		if p.Status == "" {
 			p.Status = StatusCompleted
 		}
-		if p.Status != StatusCompleted && p.Status != StatusFailed {
+		if leases == nil && p.Status != StatusCompleted && p.Status != StatusFailed {
 			cs.out[i].Err = fmt.Errorf("%w: a transactional claim inserts completed or failed, not %q", ErrIllegalTransition, p.Status)
 			continue
 		}
@@ -161,11 +183,14 @@ func (s *Store) prepareClaims(ctx context.Context, q DBTX, ps []ClaimParams) (*c
 			correlationID: storableCorrelationID(p.CorrelationID), errS: StorableText(p.Error, MaxErrorLen),
 			createdAt: now, updatedAt: now, expiresAt: expiry(now, p.Retention),
 		}}
+		if leases != nil {
+			c.p.leaseOwner, c.p.leaseUntil = lease.owner, dbTime(now.Add(lease.lease))
+		}
 		if err := s.place(ctx, q, &c.p, p.EventTime, now); err != nil {
 			if !errors.Is(err, ErrBeyondRetention) {
-				return nil, fmt.Errorf("inbox: claim many: %w", err)
+				return nil, fmt.Errorf("inbox: %s: %w", what, err)
 			}
-			r, err := s.beyondRetention(ctx, q, "claim many", p.ID, p.PayloadHash, err)
+			r, err := s.beyondRetention(ctx, q, what, p.ID, p.PayloadHash, err)
 			if err != nil && !errors.Is(err, ErrBeyondRetention) && !errors.Is(err, ErrPayloadConflict) {
 				return nil, err
 			}
@@ -210,8 +235,9 @@ func (cs *claimSet) found(recs []*Record) {
 func (cs *claimSet) inserted(c *claim) {
 	p := &c.p
 	cs.out[c.i] = ClaimResult{Claimed: true, Record: &Record{
-		ID: p.id, PayloadHash: p.payloadHash, Status: p.status, Attempt: 1,
-		CorrelationID: p.correlationID, Error: p.errS, CreatedAt: cs.now, UpdatedAt: cs.now, ExpiresAt: p.expiresAt,
+		ID: p.id, PayloadHash: p.payloadHash, Status: p.status, Attempt: 1, LeaseOwner: p.leaseOwner,
+		LeaseUntil: p.leaseUntil, CorrelationID: p.correlationID, Error: p.errS, CreatedAt: cs.now,
+		UpdatedAt: cs.now, ExpiresAt: p.expiresAt,
 	}}
 }
 

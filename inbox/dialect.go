@@ -363,8 +363,19 @@ type Queries interface {
 	// failing, and waits on a key another transaction holds. With
 	// Returning it returns the scope, operation and key of each record it
 	// inserted; without, the store reads the records first with
-	// SelectMany and checks rows affected. RowArgs: those of Insert.
+	// SelectMany and checks rows affected. RowArgs: those of Insert, the
+	// lease owner and until included ([Store.ReserveMany] inserts
+	// processing records with it).
 	InsertMany(rows int) RowsQuery
+	// FinishMany is Finish for rows records at once (1 or more), in one
+	// statement, for [Store.CompleteMany]: each record moves only while
+	// its own ArgAttempt and ArgFromStatus hold, and the others are left
+	// as they are without failing the statement. With Returning it
+	// returns the scope, operation and key of each record it moved;
+	// without, the store counts rows affected and reads the records when
+	// fewer moved. RowArgs: the ID, status, result, resource ID, external
+	// ref, error, updated at, expires at, attempt and from status.
+	FinishMany(rows int) RowsQuery
 	// SelectMany reads the records of rows IDs, for [Store.ClaimMany]: in
 	// any order, nothing for an ID without one. It must see the latest
 	// committed rows where it follows InsertMany in a transaction

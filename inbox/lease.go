@@ -43,6 +43,10 @@ type ReserveResult struct {
 	// lease until Record.LeaseExpired, after which [Store.TakeOver] may
 	// take it.
 	Record *Record
+	// Err is what was wrong with this one reservation of a
+	// [Store.ReserveMany] (an invalid key or lease, a *ConflictError,
+	// ErrBeyondRetention); always nil from Reserve, which returns it.
+	Err error
 }
 
 // Reserve inserts a processing record for p's key under a lease, in a
@@ -283,6 +287,11 @@ func (l *Lease) Dropped() string {
 func (l *Lease) transition(ctx context.Context, what string, to Status, p *params, renew bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.transitionLocked(ctx, what, to, p, renew)
+}
+
+// transitionLocked is transition with l.mu held.
+func (l *Lease) transitionLocked(ctx context.Context, what string, to Status, p *params, renew bool) error {
 	if err := l.check(what, l.rec.Status); err != nil {
 		return err
 	}

@@ -80,6 +80,7 @@ func Run(t *testing.T, h Harness) {
 	}
 	t.Run("Store", func(t *testing.T) { runStore(t, h) })
 	t.Run("ClaimMany", func(t *testing.T) { runClaimMany(t, h) })
+	t.Run("ReserveMany", func(t *testing.T) { runReserveMany(t, h) })
 	t.Run("Lease", func(t *testing.T) { runLease(t, h) })
 	t.Run("Purge", func(t *testing.T) { runPurge(t, h) })
 	t.Run("Clock", func(t *testing.T) { runClock(t, h) })

@@ -362,10 +362,31 @@ func (q queries) InsertMany(rows int) inbox.RowsQuery {
 	// INSERT IGNORE skips a taken key and, like Insert, waits on a key
 	// another transaction holds; the store has sorted the rows by key.
 	return inbox.RowsQuery{SQL: q.q("INSERT IGNORE INTO `{{table}}` (scope, operation, `key`, payload_hash, status, attempt,\n" +
-		"\tcorrelation_id, error, created_at, updated_at, expires_at)\nVALUES " +
-		repeatRow("(?, ?, ?, ?, ?, 1, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)", rows)).SQL,
+		"\tcorrelation_id, error, created_at, updated_at, expires_at, lease_owner, lease_until)\nVALUES " +
+		repeatRow("(?, ?, ?, ?, ?, 1, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, NULLIF(?, ''), ?)", rows)).SQL,
 		RowArgs: []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgPayloadHash, inbox.ArgStatus,
-			inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt}}
+			inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt,
+			inbox.ArgLeaseOwner, inbox.ArgLeaseUntil}}
+}
+
+// FinishMany joins the table with a derived table of the rows' values
+// (one SELECT per record, UNION ALL: portable between MariaDB and MySQL,
+// whose VALUES constructors differ). It returns nothing; the store
+// counts the rows changed, and a status change always changes the row.
+func (q queries) FinishMany(rows int) inbox.RowsQuery {
+	first := "SELECT ? AS scope, ? AS operation, ? AS `key`, ? AS status, ? AS result, ? AS resource_id,\n" +
+		"\t? AS external_ref, ? AS error, ? AS updated_at, ? AS expires_at, ? AS attempt, ? AS from_status"
+	rest := strings.Repeat("\n\tUNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?", max(rows, 1)-1)
+	return inbox.RowsQuery{SQL: q.q("UPDATE `{{table}}` AS t JOIN (" + first + rest + ") AS r\n" +
+		"\tON t.scope = r.scope AND t.operation = r.operation AND t.`key` = r.`key`\n" +
+		"\tAND t.attempt = r.attempt AND t.status = r.from_status\n" +
+		"SET t.status = r.status, t.result = r.result, t.resource_id = NULLIF(r.resource_id, ''),\n" +
+		"\tt.external_ref = COALESCE(NULLIF(r.external_ref, ''), t.external_ref), t.error = NULLIF(r.error, ''),\n" +
+		"\tt.lease_owner = NULL, t.lease_until = NULL, t.updated_at = r.updated_at,\n" +
+		"\tt.expires_at = COALESCE(r.expires_at, t.expires_at)").SQL,
+		RowArgs: []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgStatus, inbox.ArgResult,
+			inbox.ArgResourceID, inbox.ArgExternalRef, inbox.ArgError, inbox.ArgUpdatedAt, inbox.ArgExpiresAt,
+			inbox.ArgAttempt, inbox.ArgFromStatus}}
 }
 
 func (q queries) SelectMany(rows int) inbox.RowsQuery {

@@ -88,12 +88,13 @@ func (q partitionedQueries) InsertMany(int) inbox.RowsQuery {
 	// condition is not pushed into the ordered subquery), so two claiming
 	// transactions lock their stripes in one order and cannot deadlock.
 	return inbox.RowsQuery{SQL: inbox.MustRenderSQL(`INSERT INTO "{{table}}" (scope, operation, key, bucket, payload_hash,
-	status, attempt, correlation_id, error, created_at, updated_at, expires_at)
+	status, attempt, correlation_id, error, created_at, updated_at, expires_at, lease_owner, lease_until)
 SELECT r.scope, r.operation, r.key, r.bucket, r.payload_hash, r.status, 1, NULLIF(r.correlation_id, ''),
-	NULLIF(r.error, ''), r.created_at, r.updated_at, r.expires_at
+	NULLIF(r.error, ''), r.created_at, r.updated_at, r.expires_at, NULLIF(r.lease_owner, ''), r.lease_until
 FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[],
-		$8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::timestamptz[])
-		AS u(scope, operation, key, payload_hash, status, correlation_id, error, created_at, updated_at, expires_at, bucket)
+		$8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::text[], $12::timestamptz[], $13::timestamptz[])
+		AS u(scope, operation, key, payload_hash, status, correlation_id, error, created_at, updated_at, expires_at,
+			lease_owner, lease_until, bucket)
 	ORDER BY "{{table}}_stripe"(u.scope, u.operation, u.key), u.scope, u.operation, u.key) AS r
 WHERE "{{table}}_claimable"(r.scope, r.operation, r.key)
 ON CONFLICT (scope, operation, key, bucket) DO NOTHING

@@ -341,22 +341,49 @@ ORDER BY audit_id DESC LIMIT $6`,
 // lib/pq and pgx pass through unchanged, and cast on the server.
 
 var rowArgs = []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgPayloadHash, inbox.ArgStatus,
-	inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt}
+	inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt,
+	inbox.ArgLeaseOwner, inbox.ArgLeaseUntil}
 
 func (q queries) InsertMany(int) inbox.RowsQuery {
 	// ORDER BY the primary key: rows are inserted, and their keys locked,
 	// in one order in every transaction, so two claiming transactions wait
 	// for each other instead of deadlocking.
 	return inbox.RowsQuery{SQL: inbox.MustRenderSQL(`INSERT INTO "{{table}}" (scope, operation, key, payload_hash, status, attempt,
-	correlation_id, error, created_at, updated_at, expires_at)
+	correlation_id, error, created_at, updated_at, expires_at, lease_owner, lease_until)
 SELECT r.scope, r.operation, r.key, r.payload_hash, r.status, 1, NULLIF(r.correlation_id, ''), NULLIF(r.error, ''),
-	r.created_at, r.updated_at, r.expires_at
+	r.created_at, r.updated_at, r.expires_at, NULLIF(r.lease_owner, ''), r.lease_until
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[],
-	$8::timestamptz[], $9::timestamptz[], $10::timestamptz[])
-	AS r(scope, operation, key, payload_hash, status, correlation_id, error, created_at, updated_at, expires_at)
+	$8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::text[], $12::timestamptz[])
+	AS r(scope, operation, key, payload_hash, status, correlation_id, error, created_at, updated_at, expires_at,
+		lease_owner, lease_until)
 ORDER BY r.scope, r.operation, r.key
 ON CONFLICT (scope, operation, key) DO NOTHING
 RETURNING scope, operation, key`, q.t), RowArgs: rowArgs, Array: arrayLiteral, Returning: true}
+}
+
+// finishManyArgs are FinishMany's RowArgs, in the order of its arrays.
+var finishManyArgs = []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgStatus, inbox.ArgResult,
+	inbox.ArgResourceID, inbox.ArgExternalRef, inbox.ArgError, inbox.ArgUpdatedAt, inbox.ArgExpiresAt,
+	inbox.ArgAttempt, inbox.ArgFromStatus}
+
+func (q queries) FinishMany(int) inbox.RowsQuery {
+	return inbox.RowsQuery{SQL: finishMany(q.t), RowArgs: finishManyArgs, Array: arrayLiteral, Returning: true}
+}
+
+// finishMany is Finish over unnest'ed arrays, for the plain and the
+// partitioned table alike (the fencing columns are the same).
+func finishMany(table string) string {
+	return inbox.MustRenderSQL(`UPDATE "{{table}}" AS t SET status = r.status, result = r.result,
+	resource_id = NULLIF(r.resource_id, ''), external_ref = COALESCE(NULLIF(r.external_ref, ''), t.external_ref),
+	error = NULLIF(r.error, ''), lease_owner = NULL, lease_until = NULL, updated_at = r.updated_at,
+	expires_at = COALESCE(r.expires_at, t.expires_at)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], $7::text[], $8::text[],
+	$9::timestamptz[], $10::timestamptz[], $11::bigint[], $12::text[])
+	AS r(scope, operation, key, status, result, resource_id, external_ref, error, updated_at, expires_at,
+		attempt, from_status)
+WHERE t.scope = r.scope AND t.operation = r.operation AND t.key = r.key
+	AND t.attempt = r.attempt AND t.status = r.from_status
+RETURNING t.scope, t.operation, t.key`, table)
 }
 
 func (q queries) SelectMany(int) inbox.RowsQuery {

@@ -331,12 +331,30 @@ ORDER BY audit_id DESC LIMIT ?`,
 
 func (q queries) InsertMany(rows int) inbox.RowsQuery {
 	return inbox.RowsQuery{SQL: q.q(`INSERT INTO "{{table}}" (scope, operation, "key", payload_hash, status, attempt,
-	correlation_id, error, created_at, updated_at, expires_at)
-VALUES ` + strings.Repeat(`, (?, ?, ?, ?, ?, 1, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)`, max(rows, 1))[2:] + `
+	correlation_id, error, created_at, updated_at, expires_at, lease_owner, lease_until)
+VALUES ` + strings.Repeat(`, (?, ?, ?, ?, ?, 1, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, NULLIF(?, ''), ?)`, max(rows, 1))[2:] + `
 ON CONFLICT (scope, operation, "key") DO NOTHING
 RETURNING scope, operation, "key"`).SQL,
 		RowArgs: []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgPayloadHash, inbox.ArgStatus,
-			inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt},
+			inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt,
+			inbox.ArgLeaseOwner, inbox.ArgLeaseUntil},
+		Returning: true}
+}
+
+// FinishMany is Finish joined with a VALUES list (UPDATE FROM, SQLite
+// 3.33; RETURNING, 3.35), whose columns are column1, column2, and so on.
+func (q queries) FinishMany(rows int) inbox.RowsQuery {
+	return inbox.RowsQuery{SQL: q.q(`UPDATE "{{table}}" SET status = r.column4, result = r.column5,
+	resource_id = NULLIF(r.column6, ''), external_ref = COALESCE(NULLIF(r.column7, ''), external_ref),
+	error = NULLIF(r.column8, ''), lease_owner = NULL, lease_until = NULL, updated_at = r.column9,
+	expires_at = COALESCE(r.column10, expires_at)
+FROM (VALUES ` + strings.Repeat(`, (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, max(rows, 1))[2:] + `) AS r
+WHERE scope = r.column1 AND operation = r.column2 AND "key" = r.column3
+	AND attempt = r.column11 AND status = r.column12
+RETURNING scope, operation, "key"`).SQL,
+		RowArgs: []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbox.ArgStatus, inbox.ArgResult,
+			inbox.ArgResourceID, inbox.ArgExternalRef, inbox.ArgError, inbox.ArgUpdatedAt, inbox.ArgExpiresAt,
+			inbox.ArgAttempt, inbox.ArgFromStatus},
 		Returning: true}
 }
 
