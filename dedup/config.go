@@ -116,6 +116,13 @@ type Reserve struct {
 	// reconciler's outcome needs no redelivery (nothing to publish, and a
 	// reconciled failure is not re-run). Defaults to false.
 	AckPending bool
+
+	// Batch, when set, sends the reservations of deliveries handled at
+	// the same time to the database in one statement, and their
+	// completions in another (see [Batch]). Each handler still runs with
+	// no transaction open, under its own lease. Defaults to nil: one
+	// statement per reservation and per completion.
+	Batch *Batch
 }
 
 // Defaults of the modes' settings.
@@ -170,6 +177,10 @@ func (r Reserve) withDefaults() Reserve {
 	if r.Owner == "" {
 		r.Owner = inbox.NewOwnerID("")
 	}
+	if r.Batch != nil {
+		b := r.Batch.withDefaults() // a copy: the caller's value is not changed
+		r.Batch = &b
+	}
 	return r
 }
 
@@ -190,6 +201,9 @@ func (r Reserve) validate() []error {
 	}
 	if err := inbox.CheckText(r.Owner, inbox.MaxOwnerLen); err != nil {
 		errs = append(errs, fmt.Errorf("%w: Owner %w", ErrInvalidConfig, err))
+	}
+	if r.Batch != nil {
+		errs = append(errs, r.Batch.validate()...)
 	}
 	return errs
 }

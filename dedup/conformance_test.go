@@ -40,9 +40,19 @@ func TestConformanceGroupCommit(t *testing.T) {
 	})
 }
 
-// TestConformancePartitioned runs the suite on a partitioned PostgreSQL
-// inbox (pgx; the store's race tests cover both drivers), without and with
-// group commit, the event time read from the message.
+// TestConformanceReserveBatch runs the suite again with batches on for
+// every reserve-mode test, on every database and driver.
+func TestConformanceReserveBatch(t *testing.T) {
+	testdb.EachMode(t, func(t *testing.T, kind testdb.Kind, prepare inbox.Prepare) {
+		deduptest.Run(t, deduptest.Harness{
+			Dialect: testdb.Dialect(kind),
+			DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
+			Prepare: prepare,
+			Batch:   &dedup.Batch{},
+		})
+	})
+}
+
 // TestConformanceGroupPipeline runs the suite with group commit sending
 // its statements in pgx pipelines: every handler queues its writes.
 func TestConformanceGroupPipeline(t *testing.T) {
@@ -59,6 +69,9 @@ func TestConformanceGroupPipeline(t *testing.T) {
 	}
 }
 
+// TestConformancePartitioned runs the suite on a partitioned PostgreSQL
+// inbox (pgx; the store's race tests cover both drivers), without and with
+// group commit, the event time read from the message.
 func TestConformancePartitioned(t *testing.T) {
 	for _, kind := range []testdb.Kind{testdb.PostgresPGX} {
 		for _, group := range []*dedup.Group{nil, {}} {

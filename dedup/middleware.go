@@ -22,9 +22,10 @@ import (
 type Deduplicator struct {
 	store   *inbox.Store
 	cfg     Config
-	tx      Transactional // the mode's settings, with defaults
-	rs      *Reserve      // nil in transactional mode
-	grp     *grouper      // nil without group commit
+	tx      Transactional   // the mode's settings, with defaults
+	rs      *Reserve        // nil in transactional mode
+	grp     *grouper        // nil without group commit
+	rb      *reserveBatches // nil without Reserve.Batch
 	fp      FingerprintFunc
 	metrics *metrics
 	stats   counters
@@ -69,6 +70,9 @@ func New(store *inbox.Store, cfg Config) (*Deduplicator, error) {
 		}
 	case Reserve:
 		d.rs = &mode
+		if mode.Batch != nil {
+			d.rb = newReserveBatches(store, *mode.Batch)
+		}
 	}
 	return d, nil
 }

@@ -29,7 +29,16 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 	[]*message.Message, Outcome, error,
 ) {
 	rctx, sp := d.startPhase(msg.Context(), spanReserve, id)
-	lease, rec, out, outcome, err := d.acquire(rctx, msg, id)
+	var expecting bool
+	if d.rb != nil {
+		// Announced to both batches at once, so that a completion batch
+		// waits for the deliveries still reserving, not only for the
+		// handlers already running.
+		d.rb.reserves.expect()
+		d.rb.completes.expect()
+		expecting = true
+	}
+	lease, rec, out, outcome, err := d.acquire(rctx, msg, id, &expecting)
 	if lease == nil {
 		var attempt int64
 		if rec != nil {
@@ -40,22 +49,28 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 	}
 	sp.setBool(attrTakeover, rec != nil)
 	sp.end(phaseClaimed, lease.Attempt(), nil)
-	return d.execute(msg, h, id, lease)
+	return d.execute(msg, h, id, lease, expecting)
 }
 
 // acquire reserves the intent: it returns the lease when the handler is
 // to run under it (with the record it took over, or nil for a new
 // reservation), and otherwise what the delivery does instead, with the
-// last record it read.
-func (d *Deduplicator) acquire(ctx context.Context, msg *message.Message, id identity) (
+// last record it read. With Reserve.Batch, *expecting says whether the
+// delivery is still announced to the completion batch: the first
+// reservation consumes its announcement to the reservation batch, and
+// unless it leased the intent, its announcement to the completion batch
+// is withdrawn (a delivery that waits for another's lease must not keep
+// completions lingering).
+func (d *Deduplicator) acquire(ctx context.Context, msg *message.Message, id identity, expecting *bool) (
 	lease *inbox.Lease, rec *inbox.Record, out []*message.Message, outcome Outcome, err error,
 ) {
 	rs := d.rs
 	waitUntil := time.Now().Add(max(rs.InFlightWait, 0))
+	first := true
 	for {
 		if rec == nil {
 			start := time.Now()
-			res, err := d.store.Reserve(ctx, inbox.ReserveParams{
+			res, err := d.reserveIntent(ctx, inbox.ReserveParams{
 				ID:            id.ID,
 				PayloadHash:   id.hash,
 				Owner:         rs.Owner,
@@ -63,7 +78,12 @@ func (d *Deduplicator) acquire(ctx context.Context, msg *message.Message, id ide
 				CorrelationID: correlationID(msg),
 				Retention:     d.retention(),
 				EventTime:     id.eventTime,
-			})
+			}, first)
+			if first && *expecting && res.Lease == nil {
+				d.rb.completes.withdraw()
+				*expecting = false
+			}
+			first = false
 			d.metrics.observeClaim(id.Operation, time.Since(start))
 			switch {
 			case errors.Is(err, ErrPayloadConflict):
@@ -142,8 +162,9 @@ func (d *Deduplicator) reread(ctx context.Context, id identity) *inbox.Record {
 }
 
 // execute runs the handler under lease, then records the outcome the
-// handler's error classifies through it.
-func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id identity, lease *inbox.Lease) (
+// handler's error classifies through it. expecting says whether the
+// delivery is announced to the completion batch (Reserve.Batch).
+func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id identity, lease *inbox.Lease, expecting bool) (
 	[]*message.Message, Outcome, error,
 ) {
 	ctx := msg.Context()
@@ -155,6 +176,9 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 	out, herr := d.run(sctx, nil, msg, h, d.claimFor(id, lease.Attempt()))
 	stop()
 	lost(nil)
+	if expecting && herr != nil {
+		d.rb.completes.withdraw() // no completion to join
+	}
 
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
@@ -181,7 +205,7 @@ func (d *Deduplicator) execute(msg *message.Message, h message.HandlerFunc, id i
 		}
 		to, outcome = inbox.StatusCompleted, OutcomeExecuted
 		fctx, sp = d.startPhase(fctx, spanComplete, id)
-		ferr = lease.Complete(fctx, inbox.Outcome{Result: enc})
+		ferr = d.completeIntent(fctx, lease, inbox.Outcome{Result: enc}, expecting)
 	case errors.As(herr, &ue):
 		sp.end(string(OutcomePending), lease.Attempt(), herr)
 		to, outcome = inbox.StatusPending, OutcomePending

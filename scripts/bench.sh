@@ -21,7 +21,8 @@
 #   --quick                 1000 messages per measurement, inbox growth up to 1M rows (under 5 minutes on 2 cores)
 #   --dialects pg,mysql,sqlite
 #   --workers 1,8,32
-#   --scenarios plain,plain_stmt,inboxmill,inboxmill_dup,inboxmill_dup_tx,inboxmill_reserve,watermill_dedup,
+#   --scenarios plain,plain_stmt,inboxmill,inboxmill_group,inboxmill_group_pgx,inboxmill_dup,inboxmill_dup_tx,
+#               inboxmill_reserve,inboxmill_reserve_batch,watermill_dedup,
 #               select_then_insert,growth,kafka,sqlqueue (the default), and purge (only when named)
 #   --msgs N                messages per measurement (5000 by default)
 #   --rounds N              measurements per scenario, dialect and worker count, interleaved;

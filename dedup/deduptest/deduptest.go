@@ -94,6 +94,10 @@ type Harness struct {
 	// either way, with settings of their own and Group's Pipeline. With a
 	// Pipeline the handlers queue their writes (package dedup/pgxgroup).
 	Group *dedup.Group
+	// Batch, when set, runs every reserve-mode test with batches
+	// (dedup.Reserve.Batch) on, unless the test sets its own. The batch
+	// tests run either way, with settings of their own.
+	Batch *dedup.Batch
 	// EventTime, when set, is every middleware's Config.EventTime, for
 	// stores partitioned by event time. It must accept every message the
 	// suite sends (they carry an "event_id" metadata field and a JSON
@@ -128,6 +132,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
 	t.Run("Reserve", func(t *testing.T) { runReserve(t, h) })
 	t.Run("Group", func(t *testing.T) { runGroup(t, h) })
+	t.Run("Batch", func(t *testing.T) { runBatch(t, h) })
 	t.Run("Storable", func(t *testing.T) { runStorable(t, h) })
 }
 

@@ -56,6 +56,9 @@ func (r *rw) dedup(t *testing.T, cfg dedup.Config, rs dedup.Reserve) *dedup.Dedu
 	if rs.InFlightPoll == 0 {
 		rs.InFlightPoll = 5 * time.Millisecond
 	}
+	if rs.Batch == nil {
+		rs.Batch = r.bundle.h.Batch
+	}
 	cfg.Mode = rs
 	d, err := dedup.New(r.store, cfg)
 	require.NoError(t, err)

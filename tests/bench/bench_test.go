@@ -39,7 +39,7 @@ func TestSmoke(t *testing.T) {
 			require.NoError(t, err, stdout.String())
 
 			bench, ratios, purges := parseOutput(t, stdout.String())
-			want := []string{"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup",
+			want := []string{"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "inboxmill_reserve_batch", "watermill_dedup",
 				"select_then_insert", "growth_empty", "growth_1k", "growth_uuidv7_empty", "growth_uuidv7_1k"}
 			for _, s := range want {
 				for _, w := range []string{"1", "2"} {
@@ -81,7 +81,7 @@ func TestSmoke(t *testing.T) {
 				require.NotContains(t, bench, "growth_partitioned_empty/1", "only PostgreSQL has the partitioned table")
 				require.NotContains(t, bench, "inboxmill_group_pgx/1", "pipelines are PostgreSQL's")
 			}
-			for _, r := range []string{"inboxmill_vs_plain", "group_vs_plain", "one_statement_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "growth_p50_1k_vs_empty",
+			for _, r := range []string{"inboxmill_vs_plain", "group_vs_plain", "one_statement_vs_plain", "dup_vs_fresh", "reserve_vs_plain", "reserve_batch_vs_plain", "growth_p50_1k_vs_empty",
 				"growth_uuidv7_p99_1k_vs_empty", "growth_p50_1k_uuidv7_vs_random", "growth_p99_empty_uuidv7_vs_random"} {
 				for _, w := range []string{"1", "2"} {
 					require.Contains(t, ratios, r+"/"+w)

@@ -51,12 +51,12 @@ func main() {
 	}
 }
 
-// The scenarios, in the order they run. The first nine run per dialect and
+// The scenarios, in the order they run. The first eleven run per dialect and
 // worker count; growth per dialect, key order and inbox size; purge per
 // dialect, size and key order; kafka per dialect with one worker per
 // partition; sqlqueue on PostgreSQL with one subscriber.
 var allScenarios = []string{
-	"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_group_pgx", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "watermill_dedup", "select_then_insert",
+	"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_group_pgx", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "inboxmill_reserve_batch", "watermill_dedup", "select_then_insert",
 	"growth", "purge", "kafka", "sqlqueue",
 }
 

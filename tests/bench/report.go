@@ -111,6 +111,8 @@ func (b *bench) ratios() []ratio {
 			throughput("dup_vs_fresh", "inboxmill_dup", "inboxmill", dialect, w)
 			throughput("dup_tx_vs_fresh", "inboxmill_dup_tx", "inboxmill", dialect, w)
 			throughput("reserve_vs_plain", "inboxmill_reserve", "plain", dialect, w)
+			withLatency("reserve_batch_vs_plain", "inboxmill_reserve_batch", "plain", dialect, w)
+			throughput("reserve_batch_vs_reserve", "inboxmill_reserve_batch", "inboxmill_reserve", dialect, w)
 			throughput("watermill_dedup_vs_plain", "watermill_dedup", "plain", dialect, w)
 			throughput("select_then_insert_vs_plain", "select_then_insert", "plain", dialect, w)
 			throughput("inboxmill_vs_select_then_insert", "inboxmill", "select_then_insert", dialect, w)

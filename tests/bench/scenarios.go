@@ -62,7 +62,12 @@ var perDialect = []scenario{
 	{"inboxmill_dup_tx", func(ctx context.Context, f *fixture) (plan, error) {
 		return planInboxmill(ctx, f, true, dedup.ReadFirstNever)
 	}, ""},
-	{"inboxmill_reserve", planReserve, ""},
+	{"inboxmill_reserve", func(ctx context.Context, f *fixture) (plan, error) { return planReserve(ctx, f, nil) }, ""},
+	// Reserve mode with batches: deliveries in flight share their
+	// reservation statement and their completion statement.
+	{"inboxmill_reserve_batch", func(ctx context.Context, f *fixture) (plan, error) {
+		return planReserve(ctx, f, &dedup.Batch{})
+	}, ""},
 	{"watermill_dedup", planWatermill, ""},
 	{"select_then_insert", planSelectThenInsert, ""},
 }
@@ -244,21 +249,30 @@ func (f *fixture) queued(msg *message.Message) ([]*message.Message, error) {
 	return nil, nil
 }
 
-func planReserve(ctx context.Context, f *fixture) (plan, error) {
+func planReserve(ctx context.Context, f *fixture, batch *dedup.Batch) (plan, error) {
 	store, err := f.newStore(ctx)
 	if err != nil {
 		return plan{}, err
 	}
-	d, err := dedup.New(store, dedupConfig(dedup.Reserve{}))
+	d, err := dedup.New(store, dedupConfig(dedup.Reserve{Batch: batch}))
 	if err != nil {
 		return plan{}, err
 	}
-	return plan{deliver: d.Middleware(f.autocommit), check: func(ctx context.Context, total int) error {
+	p := plan{deliver: d.Middleware(f.autocommit), check: func(ctx context.Context, total int) error {
 		if st := d.Stats(); st != (dedup.Stats{Executed: uint64(total)}) {
 			return fmt.Errorf("middleware stats %+v, want %d executed", st, total)
 		}
 		return f.expectRows(ctx, f.effects, total)
-	}}, nil
+	}}
+	if batch != nil {
+		p.note = func() string {
+			bs := d.BatchStats()
+			return fmt.Sprintf("%.1f reservations per statement, %.1f completions per statement",
+				float64(bs.Reservations)/float64(max(bs.ReserveBatches, 1)),
+				float64(bs.Completions)/float64(max(bs.CompleteBatches, 1)))
+		}
+	}
+	return p, nil
 }
 
 // planWatermill is Watermill's own Deduplicator, keyed on the same event ID,

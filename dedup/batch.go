@@ -1,0 +1,376 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inboxmill/inboxmill/inbox"
+)
+
+// Batch turns on batching in reserve mode (Reserve.Batch): the
+// reservations of deliveries handled at the same time go to the database
+// in one statement (inbox.Store.ReserveMany), and so do the completions of
+// handlers that return at the same time (inbox.Store.CompleteMany). No
+// transaction is held across a handler: a reservation is committed before
+// its handler runs, and each handler runs under its own lease, at the
+// same time as the others, as without batches. Failures, pending
+// outcomes and releases are recorded one at a time, as without batches.
+//
+// What it costs: a reservation or a completion may wait up to MaxLinger
+// for others to join its statement, but only while deliveries that could
+// join have not (deliveries not reserved yet, handlers still running); a
+// delivery alone in flight pays no linger. A statement that fails fails
+// every reservation in it (each delivery is nacked, as when its own
+// statement fails); a completion the shared statement did not record is
+// recorded on its own.
+type Batch struct {
+	// MaxSize is the most reservations, or completions, one statement
+	// takes. Defaults to DefaultGroupMaxSize (64); at most
+	// inbox.MaxClaimMany.
+	MaxSize int
+
+	// MaxLinger bounds how long a forming batch waits for others to join
+	// it. It stops waiting as soon as every delivery that could join has,
+	// or the batch is full. Defaults to DefaultGroupLinger (2 ms); -1 never
+	// waits: a batch is whoever joined while the previous statements kept
+	// the database busy.
+	MaxLinger time.Duration
+
+	// Statements is how many statements of each kind (reservations,
+	// completions) run at once. Items that arrive while every one is busy
+	// join the next: fewer make larger batches, more keep more in
+	// flight. Defaults to DefaultBatchStatements (2); 1 where the database
+	// has one writer at a time (SQLite).
+	Statements int
+}
+
+// DefaultBatchStatements is Batch.Statements' default.
+const DefaultBatchStatements = 2
+
+func (b Batch) withDefaults() Batch {
+	if b.MaxSize == 0 {
+		b.MaxSize = DefaultGroupMaxSize
+	}
+	if b.MaxLinger == 0 {
+		b.MaxLinger = DefaultGroupLinger
+	}
+	return b // Statements: newReserveBatches, which knows the database
+}
+
+func (b Batch) validate() []error {
+	var errs []error
+	if b.MaxSize < 0 || b.MaxSize > inbox.MaxClaimMany {
+		errs = append(errs, fmt.Errorf("%w: Batch.MaxSize %d is not between 1 and %d", ErrInvalidConfig, b.MaxSize, inbox.MaxClaimMany))
+	}
+	if b.MaxLinger < -1 {
+		errs = append(errs, fmt.Errorf("%w: Batch.MaxLinger %v is negative (use -1 not to linger)", ErrInvalidConfig, b.MaxLinger))
+	}
+	if b.Statements < 0 {
+		errs = append(errs, fmt.Errorf("%w: Batch.Statements %d is negative", ErrInvalidConfig, b.Statements))
+	}
+	return errs
+}
+
+// BatchStats describe the batches of a Deduplicator in reserve mode
+// with Batch.
+type BatchStats struct {
+	// ReserveBatches counts the reservation statements sent, and
+	// Reservations the reservations they carried; CompleteBatches and
+	// Completions the same for completions. Reservations / ReserveBatches
+	// is the mean batch.
+	ReserveBatches, Reservations uint64
+	CompleteBatches, Completions uint64
+	// ReservesWaiting and CompletesWaiting are the reservations and
+	// completions in batches not sent yet (forming, lingering, or waiting
+	// for a statement to end).
+	ReservesWaiting, CompletesWaiting int
+}
+
+// BatchStats returns the batch counts so far; all zero without
+// Reserve.Batch.
+func (d *Deduplicator) BatchStats() BatchStats {
+	if d.rb == nil {
+		return BatchStats{}
+	}
+	return BatchStats{
+		ReserveBatches: d.rb.reserves.batches.Load(), Reservations: d.rb.reserves.items.Load(),
+		CompleteBatches: d.rb.completes.batches.Load(), Completions: d.rb.completes.items.Load(),
+		ReservesWaiting: d.rb.reserves.queued(), CompletesWaiting: d.rb.completes.queued(),
+	}
+}
+
+// waiter is what a delivery waits on for its item of a batch.
+type waiter struct {
+	done chan struct{}
+	err  error
+}
+
+func newWaiter() waiter { return waiter{done: make(chan struct{})} }
+
+func (w *waiter) release(err error) {
+	w.err = err
+	close(w.done)
+}
+
+type batchItem interface{ wait() *waiter }
+
+// batcher gathers the items of deliveries that arrive together and hands
+// each batch to run, one goroutine per batch, at most cap(sem) at once.
+// run releases every item it is given.
+type batcher[T batchItem] struct {
+	maxSize int
+	linger  time.Duration
+	sem     chan struct{}
+	run     func(items []T)
+
+	mu sync.Mutex
+	// expected counts deliveries that may still join (announced with
+	// expect and not yet joined or withdrawn).
+	expected int
+	open     *forming[T]
+	waiting  int // items joined and not sent yet
+
+	batches, items atomic.Uint64
+}
+
+type forming[T any] struct {
+	items []T
+	kick  chan struct{}
+}
+
+func newBatcher[T batchItem](b Batch, statements int, run func([]T)) *batcher[T] {
+	return &batcher[T]{maxSize: b.MaxSize, linger: b.MaxLinger, sem: make(chan struct{}, statements), run: run}
+}
+
+// expect announces a delivery that will join (or withdraw).
+func (b *batcher[T]) expect() {
+	b.mu.Lock()
+	b.expected++
+	b.mu.Unlock()
+}
+
+// withdraw takes back an expect: the delivery will not join.
+func (b *batcher[T]) withdraw() {
+	b.mu.Lock()
+	b.expected--
+	if b.open != nil {
+		kickForming(b.open)
+	}
+	b.mu.Unlock()
+}
+
+// queued returns the items joined and not sent yet.
+func (b *batcher[T]) queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waiting
+}
+
+func kickForming[T any](f *forming[T]) {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// join adds item to the forming batch and waits for its release;
+// expected says whether it was announced.
+func (b *batcher[T]) join(item T, expected bool) {
+	b.mu.Lock()
+	if expected {
+		b.expected--
+	}
+	f, lead := b.open, false
+	if f == nil {
+		f, lead = &forming[T]{kick: make(chan struct{}, 1)}, true
+		b.open = f
+	}
+	f.items = append(f.items, item)
+	b.waiting++
+	if len(f.items) >= b.maxSize {
+		b.open = nil
+	}
+	kickForming(f)
+	b.mu.Unlock()
+	if lead {
+		go b.lead(f)
+	}
+	<-item.wait().done
+}
+
+// lead waits for a statement slot, lets the batch fill while it lingers,
+// and runs it.
+func (b *batcher[T]) lead(f *forming[T]) {
+	b.sem <- struct{}{}
+	defer func() { <-b.sem }()
+	var expired <-chan time.Time
+	if b.linger > 0 {
+		t := time.NewTimer(b.linger)
+		defer t.Stop()
+		expired = t.C
+	}
+	for {
+		b.mu.Lock()
+		if b.open != f || b.expected <= 0 || expired == nil {
+			if b.open == f {
+				b.open = nil
+			}
+			b.mu.Unlock()
+			break
+		}
+		b.mu.Unlock()
+		select {
+		case <-f.kick:
+		case <-expired:
+			expired = nil
+		}
+	}
+	items := f.items // no longer open: nobody appends any more
+	b.mu.Lock()
+	b.waiting -= len(items)
+	b.mu.Unlock()
+	b.batches.Add(1)
+	b.items.Add(uint64(len(items)))
+	defer func() {
+		// A bug must neither leave deliveries waiting forever nor take
+		// the process down from a goroutine no recoverer watches.
+		if rec := recover(); rec != nil {
+			err := &PanicError{Value: fmt.Sprintf("dedup: batch: %v", rec), Stack: string(debug.Stack())}
+			for _, it := range items {
+				if w := it.wait(); !closed(w.done) {
+					w.release(err)
+				}
+			}
+		}
+	}()
+	b.run(items)
+}
+
+func closed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// reserveBatches are the two batchers of reserve mode with Batch.
+type reserveBatches struct {
+	reserves  *batcher[*reserveItem]
+	completes *batcher[*completeItem]
+}
+
+type reserveItem struct {
+	waiter
+	ctx context.Context
+	p   inbox.ReserveParams
+	res inbox.ReserveResult
+}
+
+func (it *reserveItem) wait() *waiter { return &it.waiter }
+
+type completeItem struct {
+	waiter
+	lease *inbox.Lease
+	o     inbox.Outcome
+}
+
+func (it *completeItem) wait() *waiter { return &it.waiter }
+
+func newReserveBatches(store *inbox.Store, cfg Batch) *reserveBatches {
+	n := cfg.Statements
+	if n == 0 {
+		n = DefaultBatchStatements
+		if store.Dialect().Capabilities().SingleWriter {
+			n = 1
+		}
+	}
+	return &reserveBatches{
+		reserves: newBatcher(cfg, n, func(items []*reserveItem) { reserveBatch(store, items) }),
+		completes: newBatcher(cfg, n, func(items []*completeItem) {
+			completeBatch(store, items)
+		}),
+	}
+}
+
+// reserveBatch reserves the items' intents: with Reserve when one is
+// left (a statement of one row, prepared where the store prepares), with
+// one ReserveMany otherwise. An item whose context ended is released
+// without a reservation.
+func reserveBatch(store *inbox.Store, items []*reserveItem) {
+	live := items[:0:0]
+	for _, it := range items {
+		if err := it.ctx.Err(); err != nil {
+			it.release(err)
+			continue
+		}
+		live = append(live, it)
+	}
+	if len(live) == 0 {
+		return
+	}
+	// The statement outlives any one delivery's context: a delivery that
+	// goes away meanwhile gets its reservation, which its lease expires.
+	ctx := context.WithoutCancel(live[0].ctx)
+	if len(live) == 1 {
+		it := live[0]
+		res, err := store.Reserve(ctx, it.p)
+		it.res = res
+		it.release(err)
+		return
+	}
+	ps := make([]inbox.ReserveParams, len(live))
+	for i, it := range live {
+		ps[i] = it.p
+	}
+	res, err := store.ReserveMany(ctx, ps)
+	for i, it := range live {
+		if err != nil {
+			it.release(err)
+			continue
+		}
+		it.res = res[i]
+		it.release(res[i].Err)
+	}
+}
+
+// completeBatch records the items' completions with one CompleteMany.
+func completeBatch(store *inbox.Store, items []*completeItem) {
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	cs := make([]inbox.Completion, len(items))
+	for i, it := range items {
+		cs[i] = inbox.Completion{Lease: it.lease, Outcome: it.o}
+	}
+	for i, err := range store.CompleteMany(ctx, cs) {
+		items[i].release(err)
+	}
+}
+
+// reserveIntent reserves p: in a batch with Reserve.Batch (first says
+// whether the delivery announced it), with its own statement otherwise.
+func (d *Deduplicator) reserveIntent(ctx context.Context, p inbox.ReserveParams, first bool) (inbox.ReserveResult, error) {
+	if d.rb == nil {
+		return d.store.Reserve(ctx, p)
+	}
+	it := &reserveItem{waiter: newWaiter(), ctx: ctx, p: p}
+	d.rb.reserves.join(it, first)
+	return it.res, it.err
+}
+
+// completeIntent records a completion through lease: in a batch with
+// Reserve.Batch (expected says whether the delivery announced it), with
+// its own statement otherwise.
+func (d *Deduplicator) completeIntent(ctx context.Context, lease *inbox.Lease, o inbox.Outcome, expected bool) error {
+	if d.rb == nil {
+		return lease.Complete(ctx, o)
+	}
+	it := &completeItem{waiter: newWaiter(), lease: lease, o: o}
+	d.rb.completes.join(it, expected)
+	return it.err
+}
