@@ -119,8 +119,8 @@ func (w *waiter) release(err error) {
 type batchItem interface{ wait() *waiter }
 
 // batcher gathers the items of deliveries that arrive together and hands
-// each batch to run, one goroutine per batch, at most cap(sem) at once.
-// run releases every item it is given.
+// each batch to run, in the call of the delivery that opened it (its
+// leader), at most cap(sem) at once. run releases every item it is given.
 type batcher[T batchItem] struct {
 	maxSize int
 	linger  time.Duration
@@ -197,7 +197,10 @@ func (b *batcher[T]) join(item T, expected bool) {
 	kickForming(f)
 	b.mu.Unlock()
 	if lead {
-		go b.lead(f)
+		// In the leader's own call: its item is released with the others
+		// when the statement returns, so no goroutine of its own is
+		// needed.
+		b.lead(f)
 	}
 	<-item.wait().done
 }
@@ -270,6 +273,10 @@ type reserveItem struct {
 	ctx context.Context
 	p   inbox.ReserveParams
 	res inbox.ReserveResult
+	// announced is set when the item got a lease and was announced to
+	// the completion batch before its release: its completion is
+	// expected from the moment its delivery wakes up.
+	announced bool
 }
 
 func (it *reserveItem) wait() *waiter { return &it.waiter }
@@ -290,19 +297,18 @@ func newReserveBatches(store *inbox.Store, cfg Batch) *reserveBatches {
 			n = 1
 		}
 	}
-	return &reserveBatches{
-		reserves: newBatcher(cfg, n, func(items []*reserveItem) { reserveBatch(store, items) }),
-		completes: newBatcher(cfg, n, func(items []*completeItem) {
-			completeBatch(store, items)
-		}),
-	}
+	rb := &reserveBatches{completes: newBatcher(cfg, n, func(items []*completeItem) { completeBatch(store, items) })}
+	rb.reserves = newBatcher(cfg, n, func(items []*reserveItem) { reserveBatch(store, rb.completes, items) })
+	return rb
 }
 
 // reserveBatch reserves the items' intents: with Reserve when one is
 // left (a statement of one row, prepared where the store prepares), with
 // one ReserveMany otherwise. An item whose context ended is released
-// without a reservation.
-func reserveBatch(store *inbox.Store, items []*reserveItem) {
+// without a reservation. Each item that got a lease is announced to
+// completes before it is released, so that a completion batch formed by
+// a fast handler waits for the handlers of its reservation batch.
+func reserveBatch(store *inbox.Store, completes *batcher[*completeItem], items []*reserveItem) {
 	live := items[:0:0]
 	for _, it := range items {
 		if err := it.ctx.Err(); err != nil {
@@ -317,24 +323,33 @@ func reserveBatch(store *inbox.Store, items []*reserveItem) {
 	// The statement outlives any one delivery's context: a delivery that
 	// goes away meanwhile gets its reservation, which its lease expires.
 	ctx := context.WithoutCancel(live[0].ctx)
+	var res []inbox.ReserveResult
+	var err error
 	if len(live) == 1 {
-		it := live[0]
-		res, err := store.Reserve(ctx, it.p)
-		it.res = res
-		it.release(err)
+		var r inbox.ReserveResult
+		r, err = store.Reserve(ctx, live[0].p)
+		res = []inbox.ReserveResult{r}
+	} else {
+		ps := make([]inbox.ReserveParams, len(live))
+		for i, it := range live {
+			ps[i] = it.p
+		}
+		res, err = store.ReserveMany(ctx, ps)
+	}
+	if err != nil {
+		for _, it := range live {
+			it.release(err)
+		}
 		return
 	}
-	ps := make([]inbox.ReserveParams, len(live))
 	for i, it := range live {
-		ps[i] = it.p
-	}
-	res, err := store.ReserveMany(ctx, ps)
-	for i, it := range live {
-		if err != nil {
-			it.release(err)
-			continue
-		}
 		it.res = res[i]
+		if res[i].Err == nil && res[i].Lease != nil {
+			it.announced = true
+			completes.expect()
+		}
+	}
+	for i, it := range live {
 		it.release(res[i].Err)
 	}
 }
@@ -354,13 +369,26 @@ func completeBatch(store *inbox.Store, items []*completeItem) {
 
 // reserveIntent reserves p: in a batch with Reserve.Batch (first says
 // whether the delivery announced it), with its own statement otherwise.
-func (d *Deduplicator) reserveIntent(ctx context.Context, p inbox.ReserveParams, first bool) (inbox.ReserveResult, error) {
+// announced says whether the delivery's completion is now expected by the
+// completion batch: it must then join it or withdraw.
+func (d *Deduplicator) reserveIntent(ctx context.Context, p inbox.ReserveParams, first bool) (
+	res inbox.ReserveResult, announced bool, err error,
+) {
 	if d.rb == nil {
-		return d.store.Reserve(ctx, p)
+		res, err = d.store.Reserve(ctx, p)
+		return res, false, err
 	}
 	it := &reserveItem{waiter: newWaiter(), ctx: ctx, p: p}
 	d.rb.reserves.join(it, first)
-	return it.res, it.err
+	if it.err != nil {
+		if it.announced {
+			// Released by a failure after the announcement (a bug caught
+			// in the batch): no completion follows.
+			d.rb.completes.withdraw()
+		}
+		return inbox.ReserveResult{}, false, it.err
+	}
+	return it.res, it.announced, nil
 }
 
 // completeIntent records a completion through lease: in a batch with

@@ -31,12 +31,7 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 	rctx, sp := d.startPhase(msg.Context(), spanReserve, id)
 	var expecting bool
 	if d.rb != nil {
-		// Announced to both batches at once, so that a completion batch
-		// waits for the deliveries still reserving, not only for the
-		// handlers already running.
-		d.rb.reserves.expect()
-		d.rb.completes.expect()
-		expecting = true
+		d.rb.reserves.expect() // consumed by the first reservation
 	}
 	lease, rec, out, outcome, err := d.acquire(rctx, msg, id, &expecting)
 	if lease == nil {
@@ -55,12 +50,9 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 // acquire reserves the intent: it returns the lease when the handler is
 // to run under it (with the record it took over, or nil for a new
 // reservation), and otherwise what the delivery does instead, with the
-// last record it read. With Reserve.Batch, *expecting says whether the
-// delivery is still announced to the completion batch: the first
-// reservation consumes its announcement to the reservation batch, and
-// unless it leased the intent, its announcement to the completion batch
-// is withdrawn (a delivery that waits for another's lease must not keep
-// completions lingering).
+// last record it read. With Reserve.Batch, *expecting is set when a
+// reservation batch gave the lease and announced the delivery to the
+// completion batch.
 func (d *Deduplicator) acquire(ctx context.Context, msg *message.Message, id identity, expecting *bool) (
 	lease *inbox.Lease, rec *inbox.Record, out []*message.Message, outcome Outcome, err error,
 ) {
@@ -70,7 +62,7 @@ func (d *Deduplicator) acquire(ctx context.Context, msg *message.Message, id ide
 	for {
 		if rec == nil {
 			start := time.Now()
-			res, err := d.reserveIntent(ctx, inbox.ReserveParams{
+			res, announced, err := d.reserveIntent(ctx, inbox.ReserveParams{
 				ID:            id.ID,
 				PayloadHash:   id.hash,
 				Owner:         rs.Owner,
@@ -79,10 +71,7 @@ func (d *Deduplicator) acquire(ctx context.Context, msg *message.Message, id ide
 				Retention:     d.retention(),
 				EventTime:     id.eventTime,
 			}, first)
-			if first && *expecting && res.Lease == nil {
-				d.rb.completes.withdraw()
-				*expecting = false
-			}
+			*expecting = announced
 			first = false
 			d.metrics.observeClaim(id.Operation, time.Since(start))
 			switch {
