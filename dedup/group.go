@@ -45,9 +45,12 @@ import (
 //
 // Differences from ungrouped deliveries: ReadFirst is not used (the claim
 // is shared already); a second member of a key with another payload than
-// the first's uncommitted claim is answered as a conflict at once; the
-// trace of a grouped delivery has its delivery span only, not the claim,
-// handler and commit phases, which the group shares.
+// the first's uncommitted claim is answered as a conflict at once. The
+// trace of a grouped delivery has its claim, handler and commit phases
+// like an ungrouped one's, the claim and commit spans carrying the
+// number of members that shared them (inboxmill.group_members); a group
+// run again after a member failed adds another claim, handler and commit
+// for every member that ran again.
 type Group struct {
 	// MaxSize is the most deliveries one group takes. Defaults to
 	// DefaultGroupMaxSize (64); at most inbox.MaxClaimMany.
@@ -453,6 +456,14 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 		ps[i] = inbox.ClaimParams{ID: m.id.ID, PayloadHash: m.id.hash, Status: inbox.StatusCompleted,
 			CorrelationID: correlationID(m.msg), Retention: d.retention(), EventTime: m.id.eventTime}
 	}
+	// Each member's trace gets the shared claim as a phase of its own.
+	spans := make([]span, len(live))
+	if d.trace.on() {
+		for i, m := range live {
+			_, spans[i] = d.startPhase(m.ctx, spanClaim, m.id)
+			spans[i].setInt(attrGroupMembers, int64(len(live)))
+		}
+	}
 	var t *try
 	var res []inbox.ClaimResult
 	var err error
@@ -472,6 +483,9 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 	}
 	took := time.Since(start)
 	if err != nil {
+		for _, sp := range spans {
+			sp.end(string(OutcomeRetry), 0, err)
+		}
 		if inbox.IsRetryable(err) {
 			return nil, err
 		}
@@ -484,10 +498,13 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 		r := res[i]
 		switch {
 		case errors.Is(r.Err, ErrPayloadConflict):
+			spans[i].end(string(OutcomeConflict), 0, r.Err)
 			g.release(m, nil, OutcomeConflict, r.Err)
 		case r.Err != nil:
+			spans[i].end(string(claimFailure(r.Err)), 0, r.Err)
 			g.release(m, nil, claimFailure(r.Err), r.Err)
 		case r.Claimed:
+			spans[i].end(phaseClaimed, r.Record.Attempt, nil)
 			m.rec = r.Record
 			claimedBy[r.Record] = m
 			t.run = append(t.run, m)
@@ -501,12 +518,14 @@ func (g *grouper) claimTry(ctx context.Context, live []*member) (_ *try, transie
 		if first := claimedBy[r.Record]; first != nil {
 			// The same key as a member that claimed it: not committed yet,
 			// so it waits for the commit and replays its output.
+			spans[i].end(phaseFollows, r.Record.Attempt, nil)
 			m.follows = first
 			t.waiting = append(t.waiting, m)
 			continue
 		}
 		// A committed record: answered now.
 		out, outcome, err := d.replay(r.Record)
+		spans[i].end(string(outcome), r.Record.Attempt, err)
 		g.release(m, out, outcome, err)
 	}
 	if len(t.run) == 0 {
@@ -566,9 +585,11 @@ func (g *grouper) finish(ctx context.Context, t *try) (again bool) {
 	ok := run[:0:0]
 	for _, m := range run {
 		var out []*message.Message
+		hctx, sp := d.startPhase(m.ctx, spanHandler, m.id)
 		step := func() error {
 			var err error
-			out, err = d.run(m.ctx, tx.Tx, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
+			out, err = d.run(hctx, tx.Tx, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
+			sp.endHandler(m.rec.Attempt, err)
 			if err == nil && len(out) > 0 {
 				err = g.saveOutput(ctx, tx, m, out)
 			}
@@ -603,16 +624,39 @@ func (g *grouper) finish(ctx context.Context, t *try) (again bool) {
 		rollback()
 		return true // the waiting members, if any, claim again
 	}
+	commits := g.startCommits(run)
 	if err := tx.Commit(); err != nil {
 		// Nothing was recorded, or the connection broke and nobody knows:
 		// either way the redeliveries' claims find the truth.
 		err = fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+		endAll(commits, OutcomeRetry, err)
 		g.fail(run, err)
 		g.fail(waiting, err)
 		return false
 	}
+	endAll(commits, OutcomeExecuted, nil)
 	g.committed(run, waiting)
 	return false
+}
+
+// startCommits begins the commit phase of every member of run (nothing
+// when tracing is off).
+func (g *grouper) startCommits(run []*member) []span {
+	if !g.d.trace.on() {
+		return nil
+	}
+	spans := make([]span, len(run))
+	for i, m := range run {
+		_, spans[i] = g.d.startPhase(m.ctx, spanCommit, m.id)
+		spans[i].setInt(attrGroupMembers, int64(len(run)))
+	}
+	return spans
+}
+
+func endAll(spans []span, o Outcome, err error) {
+	for _, sp := range spans {
+		sp.end(string(o), 0, err)
+	}
 }
 
 // saveOutput stores m's output in its record through q. Inserted as
@@ -636,7 +680,9 @@ func (g *grouper) saveOutput(ctx context.Context, q inbox.DBTX, m *member, out [
 func (g *grouper) finishPipelined(ctx context.Context, t *try) (again bool) {
 	d, sess, run := g.d, t.sess, t.run
 	for _, m := range run {
-		out, err := d.run(sess.Member(m.ctx), nil, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
+		hctx, sp := d.startPhase(m.ctx, spanHandler, m.id)
+		out, err := d.run(sess.Member(hctx), nil, m.msg, m.h, d.claimFor(m.id, m.rec.Attempt))
+		sp.endHandler(m.rec.Attempt, err)
 		if f, ferr := sess.Failed(); f >= 0 {
 			// What a member queued failed when this handler ran a
 			// statement at once: that member is to blame.
@@ -656,10 +702,12 @@ func (g *grouper) finishPipelined(ctx context.Context, t *try) (again bool) {
 		}
 		m.out = out
 	}
+	commits := g.startCommits(run)
 	f, err := sess.Commit(ctx)
 	if f >= 0 {
 		_ = t.conn.Close()
 		err = d.store.Dialect().Classify(err)
+		endAll(commits, OutcomeRetry, err)
 		g.release(run[f], nil, handlerOutcome(err), err)
 		return true
 	}
@@ -667,10 +715,12 @@ func (g *grouper) finishPipelined(ctx context.Context, t *try) (again bool) {
 	if err != nil {
 		// As in finish: nothing was recorded, or nobody knows.
 		err = fmt.Errorf("dedup: commit: %w", d.store.Classify(err))
+		endAll(commits, OutcomeRetry, err)
 		g.fail(run, err)
 		g.fail(t.waiting, err)
 		return false
 	}
+	endAll(commits, OutcomeExecuted, nil)
 	g.committed(run, t.waiting)
 	return false
 }

@@ -39,12 +39,20 @@ const (
 	attrReadFirst = attribute.Key("inboxmill.read_first")
 	attrJoined    = attribute.Key("inboxmill.joined")
 	attrTakeover  = attribute.Key("inboxmill.takeover")
-	attrMessageID = attribute.Key("messaging.message.id")
+	// attrGroupMembers is how many deliveries shared a grouped claim or
+	// commit.
+	attrGroupMembers = attribute.Key("inboxmill.group_members")
+	attrMessageID    = attribute.Key("messaging.message.id")
 )
 
 // phaseClaimed is the outcome of a claim or reservation that made the
 // intent this delivery's: the delivery goes on to the handler.
 const phaseClaimed = "claimed"
+
+// phaseFollows is the outcome of a grouped claim whose key an earlier
+// member of the same group claimed: the delivery waits for that member's
+// commit and replays its output.
+const phaseFollows = "follows"
 
 // tracing makes a delivery's spans, or nothing at all when no provider is
 // installed.
@@ -146,6 +154,22 @@ func (s span) setBool(k attribute.Key, v bool) {
 	if s.s != nil && s.s.IsRecording() {
 		s.s.SetAttributes(k.Bool(v))
 	}
+}
+
+// setInt is setBool for an integer attribute.
+func (s span) setInt(k attribute.Key, v int64) {
+	if s.s != nil && s.s.IsRecording() {
+		s.s.SetAttributes(k.Int64(v))
+	}
+}
+
+// endHandler ends a handler phase with the outcome its error leads to.
+func (s span) endHandler(attempt int64, err error) {
+	if err != nil {
+		s.end(string(handlerOutcome(err)), attempt, err)
+		return
+	}
+	s.end(string(OutcomeExecuted), attempt, nil)
 }
 
 // setDeliveryBool adds an attribute to the delivery's span in ctx, if any.

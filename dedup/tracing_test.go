@@ -411,3 +411,48 @@ func TestTracingGlobalProviderInstalledLater(t *testing.T) {
 	require.Equal(t, []string{"inboxmill.claim", "inboxmill.handler", "inboxmill.commit", "inboxmill.delivery"}, names(rec.Ended()))
 	require.True(t, strings.HasPrefix(rec.Ended()[0].InstrumentationScope().Name, "github.com/inboxmill/inboxmill/dedup"))
 }
+
+// A grouped delivery's trace has the phases of an ungrouped one: the
+// claim and the commit it shared, with the number of members that shared
+// them, and its own handler.
+func TestTracingGroup(t *testing.T) {
+	t.Parallel()
+	tr := setupTraced(t, dedup.Config{Mode: dedup.Transactional{Group: &dedup.Group{MaxLinger: time.Second}}})
+	h := tr.d.Middleware(noopHandler)
+	keys := []string{"k-1", "k-2", "k-3", "k-4"}
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Go(func() {
+			_, err := h(obsMsg(k, `{"amount":1}`))
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	byTrace := map[trace.TraceID][]sdktrace.ReadOnlySpan{}
+	for _, s := range tr.rec.Ended() {
+		byTrace[s.SpanContext().TraceID()] = append(byTrace[s.SpanContext().TraceID()], s)
+	}
+	require.Len(t, byTrace, len(keys), "one trace per delivery")
+	for _, spans := range byTrace {
+		require.Equal(t, []string{"inboxmill.claim", "inboxmill.handler", "inboxmill.commit", "inboxmill.delivery"}, names(spans))
+		delivery := spans[3]
+		require.Equal(t, string(dedup.OutcomeExecuted), attrs(delivery)["inboxmill.outcome"])
+		for _, s := range spans[:3] {
+			require.Equal(t, delivery.SpanContext().SpanID(), s.Parent().SpanID(), "%s is a phase of the delivery", s.Name())
+			require.Equal(t, attrs(delivery)["inboxmill.key_digest"], attrs(s)["inboxmill.key_digest"])
+		}
+		requirePhase(t, spans[0], "claimed", 1, false)
+		requirePhase(t, spans[1], "executed", 1, false)
+		requirePhase(t, spans[2], "executed", 0, false)
+		members := attrs(spans[0])["inboxmill.group_members"]
+		require.NotNil(t, members, "the claim says how many shared it")
+		require.Equal(t, members, attrs(spans[2])["inboxmill.group_members"], "so does the commit")
+	}
+
+	t.Run("a later duplicate is answered by the claim alone", func(t *testing.T) {
+		spans, err := tr.deliverMsg(t, h, obsMsg("k-1", `{"amount":1}`))
+		require.NoError(t, err)
+		require.Equal(t, []string{"inboxmill.claim", "inboxmill.delivery"}, names(spans))
+		requirePhase(t, spans[0], "duplicate", 1, false)
+	})
+}
