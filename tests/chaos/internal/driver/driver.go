@@ -19,6 +19,7 @@
 package driver
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -341,6 +342,10 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		}
 	}
 
+	if n := brokerEvictions(r.logDir); n > 0 {
+		r.printf("chaos: broker: removed %d group members silent in a stable group (consumers that died joining; docs/chaos.md)", n)
+	}
+
 	var failures []string
 	tot.Linearizable = true
 	for _, mr := range runs {
@@ -370,6 +375,22 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		_ = os.RemoveAll(r.logDir)
 	}
 	return tot, nil
+}
+
+// brokerEvictions counts the members the broker processes removed from
+// their groups for having gone silent (package broker's evictor), as
+// their logs in logDir say.
+func brokerEvictions(logDir string) int {
+	logs, _ := filepath.Glob(filepath.Join(logDir, "broker*.log"))
+	n := 0
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		n += bytes.Count(b, []byte(" in a stable group: removed\n"))
+	}
+	return n
 }
 
 // restartPriority orders the modes for the broker restarts: the Kafka
