@@ -36,7 +36,7 @@ import (
 // evictor does what Kafka would: it notes every group request that names a
 // member (JoinGroup, SyncGroup, Heartbeat, OffsetCommit), and removes,
 // with a LeaveGroup on its behalf, a member of a stable group that sent
-// none for twice its session timeout. Live consumers heartbeat every
+// none for twice its session timeout, the group stable all that time. Live consumers heartbeat every
 // 200 ms; one silent that long would have been expired by kfake too, had
 // its timer been running. It can go once kfake starts the session timer of
 // every member it answers at the end of a join.
@@ -46,6 +46,12 @@ type evictor struct {
 
 	mu   sync.Mutex
 	seen map[memberKey]sighting
+	// stable is when each group was first seen stable, this time
+	// (sweep's goroutine only). Silence counts from then at the
+	// earliest: a member whose SyncGroup waited long for the leader's
+	// sends nothing more until it has the answer, when the group is
+	// already stable, and must be given the time to heartbeat.
+	stable map[string]time.Time
 }
 
 type memberKey struct{ group, member string }
@@ -66,7 +72,7 @@ const sweepEvery = 250 * time.Millisecond
 // watch installs the evictor on c, whose first listener is at addr, until
 // stop is closed.
 func watch(c *kfake.Cluster, addr string, log io.Writer, stop <-chan struct{}) {
-	e := &evictor{addr: addr, log: log, seen: map[memberKey]sighting{}}
+	e := &evictor{addr: addr, log: log, seen: map[memberKey]sighting{}, stable: map[string]time.Time{}}
 	for _, key := range []kmsg.Key{kmsg.JoinGroup, kmsg.SyncGroup, kmsg.Heartbeat, kmsg.OffsetCommit} {
 		// Observes and lets kfake handle the request (not handled: the
 		// control function stays).
@@ -159,6 +165,20 @@ func (e *evictor) sweep(b *sarama.Broker, now time.Time) error {
 	present := map[memberKey]bool{}
 	var silent []memberKey
 	var silentFor []time.Duration
+	listed := map[string]bool{}
+	for _, g := range desc.Groups {
+		listed[g.GroupId] = true
+		if g.State != "Stable" {
+			delete(e.stable, g.GroupId)
+		} else if _, ok := e.stable[g.GroupId]; !ok {
+			e.stable[g.GroupId] = now
+		}
+	}
+	for g := range e.stable {
+		if !listed[g] {
+			delete(e.stable, g)
+		}
+	}
 	e.mu.Lock()
 	for _, g := range desc.Groups {
 		for id := range g.Members {
@@ -175,7 +195,14 @@ func (e *evictor) sweep(b *sarama.Broker, now time.Time) error {
 			if s.session == 0 {
 				limit = 2 * unknownSession
 			}
-			if g.State == "Stable" && now.Sub(s.at) > limit {
+			since, stable := e.stable[g.GroupId]
+			if !stable {
+				continue
+			}
+			if s.at.After(since) {
+				since = s.at
+			}
+			if now.Sub(since) > limit {
 				silent = append(silent, k)
 				silentFor = append(silentFor, now.Sub(s.at))
 			}
