@@ -65,6 +65,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer c.Close()
+	// Removes the members kfake would keep although they died joining
+	// (see evictor).
+	stopEvictor := make(chan struct{})
+	defer close(stopEvictor)
+	watch(c, c.ListenAddrs()[0], stderr, stopEvictor)
 	fmt.Fprintln(stdout, "LISTEN", c.ListenAddrs()[0])
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

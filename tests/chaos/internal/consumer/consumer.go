@@ -240,6 +240,10 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 	if cfg.mode == wire.KafkaGroup {
 		ks.grouped = &groupTxs{}
 	}
+	var tracer kafka.SaramaTracer
+	if cfg.verbose {
+		tracer = groupLog{l: log.New(stderr, "[group] ", log.LstdFlags|log.Lmicroseconds)}
+	}
 	switch cfg.mode {
 	case wire.KafkaTx, wire.KafkaReserve, wire.KafkaGroup:
 		sub, err = kafka.NewSubscriber(kafka.SubscriberConfig{
@@ -249,6 +253,7 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 			OverwriteSaramaConfig: wire.SaramaConfig(cfg.app),
 			NackResendSleep:       20 * time.Millisecond,
 			ReconnectRetrySleep:   200 * time.Millisecond,
+			Tracer:                tracer,
 		}, logger)
 		if cfg.mode == wire.KafkaGroup {
 			// Two coordinators for the deliveries of the consumer's

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -168,4 +171,59 @@ func header(m *sarama.ConsumerMessage, key string) string {
 		}
 	}
 	return ""
+}
+
+// lag describes, for a failure message, where group stands on topic: each
+// partition with messages not committed (committed offset and high-water
+// mark), and each member with the partitions the group assigned it.
+func (k *kafkaConn) lag(group, topic string) string {
+	var b strings.Builder
+	partitions, err := k.client.Partitions(topic)
+	if err != nil {
+		return fmt.Sprintf("partitions of %s: %v", topic, err)
+	}
+	committed, err := k.admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: partitions})
+	if err != nil {
+		fmt.Fprintf(&b, "offsets of %s: %v; ", group, err)
+	}
+	var behind []string
+	for _, p := range partitions {
+		end, err := k.client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			behind = append(behind, fmt.Sprintf("%d: %v", p, err))
+			continue
+		}
+		off := int64(-1)
+		if committed != nil {
+			if blk := committed.GetBlock(topic, p); blk != nil {
+				off = blk.Offset
+			}
+		}
+		if off < end {
+			behind = append(behind, fmt.Sprintf("%d: %d/%d", p, off, end))
+		}
+	}
+	fmt.Fprintf(&b, "group %s behind on partitions [%s]", group, strings.Join(behind, " "))
+	desc, err := k.admin.DescribeConsumerGroups([]string{group})
+	if err != nil || len(desc) == 0 {
+		fmt.Fprintf(&b, "; describe: %v", err)
+		return b.String()
+	}
+	d := desc[0]
+	fmt.Fprintf(&b, "; state %s, %d members", d.State, len(d.Members))
+	ids := make([]string, 0, len(d.Members))
+	for id := range d.Members {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		m := d.Members[id]
+		var parts []int32
+		if a, err := m.GetMemberAssignment(); err == nil && a != nil {
+			parts = a.Topics[topic]
+		}
+		slices.Sort(parts)
+		fmt.Fprintf(&b, "; %s (%s) %v", id, m.ClientId, parts)
+	}
+	return b.String()
 }

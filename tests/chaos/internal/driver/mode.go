@@ -309,6 +309,7 @@ func (m *modeRun) loop(ctx context.Context) {
 		behind       = int64(-1) // not measured before everything is published
 		lastProgress = time.Now()
 		lastSig      string
+		quietNoted   bool
 	)
 	for {
 		select {
@@ -349,8 +350,13 @@ func (m *modeRun) loop(ctx context.Context) {
 		}
 		sig := fmt.Sprint(m.done, m.published, m.sumStats(), behind, len(m.plan))
 		if sig != lastSig {
-			lastSig, lastProgress = sig, time.Now()
-		} else if time.Since(lastProgress) > cfg.Stall {
+			lastSig, lastProgress, quietNoted = sig, time.Now(), false
+		} else if q := time.Since(lastProgress); q > cfg.Stall/4 && !quietNoted {
+			// Said once per quiet spell, long before the timer fails the
+			// mode: where the mode stands while it stands still.
+			quietNoted = true
+			m.r.printf("chaos: %s: no progress for %v: %s", m.label, q.Round(time.Second), m.where(behind))
+		} else if q > cfg.Stall {
 			m.fail("no progress for %v: %s", cfg.Stall, m.where(behind))
 			return
 		}
@@ -369,8 +375,29 @@ func (m *modeRun) where(behind int64) string {
 	if behind >= 0 {
 		unconsumed = fmt.Sprint(behind)
 	}
-	return fmt.Sprintf("published %d/%d messages, effects %d/%d, %d faults not injected yet, messages not consumed: %s, %d consumers running",
+	w := fmt.Sprintf("published %d/%d messages, effects %d/%d, %d faults not injected yet, messages not consumed: %s, %d consumers running",
 		m.published, m.st.messages, m.done, m.events, len(m.plan), unconsumed, live)
+	if behind != 0 && m.isKafka() && m.kafka != nil {
+		// Which partitions are left, and to whom the group gave them: a
+		// partition no one consumes and a consumer that stopped look alike
+		// from the counts.
+		for _, g := range m.groups() {
+			w += "; " + m.kafka.lag(g, m.topic)
+		}
+	}
+	return w
+}
+
+// groups are the mode's consumer groups that consume: the first, and the
+// replay group once started.
+func (m *modeRun) groups() []string {
+	groups := []string{m.group}
+	for _, s := range m.slots {
+		if s.group == m.replayGrp && s.active {
+			return append(groups, m.replayGrp)
+		}
+	}
+	return groups
 }
 
 // measure reads how many effects exist: the progress that publishing and
@@ -612,14 +639,7 @@ func (m *modeRun) drained(ctx context.Context) (bool, int64, error) {
 	}
 	var total int64
 	all := true
-	groups := []string{m.group}
-	for _, s := range m.slots {
-		if s.group == m.replayGrp && s.active {
-			groups = append(groups, m.replayGrp)
-			break
-		}
-	}
-	for _, g := range groups {
+	for _, g := range m.groups() {
 		ok, n, err := m.kafka.consumed(g, m.topic)
 		if err != nil {
 			return false, total, err
