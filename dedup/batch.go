@@ -20,13 +20,21 @@ import (
 // same time as the others, as without batches. Failures, pending
 // outcomes and releases are recorded one at a time, as without batches.
 //
-// What it costs: a reservation or a completion may wait up to MaxLinger
-// for others to join its statement, but only while deliveries that could
-// join have not (deliveries not reserved yet, handlers still running); a
-// delivery alone in flight pays no linger. A statement that fails fails
-// every reservation in it (each delivery is nacked, as when its own
-// statement fails); a completion the shared statement did not record is
-// recorded on its own.
+// When it pays: batches trade parallelism for fewer statements. At most
+// Statements reservation statements (and as many completion statements)
+// run at once, so with few deliveries in flight, where the database is
+// not the bottleneck, they cost throughput; with many (tens per process)
+// against a busy database they carry several deliveries per statement
+// and commit, and keep scaling where one statement per delivery stops
+// (docs/benchmarks.md has the numbers). Each statement needs a
+// connection of its own beside the handlers': size the pool for
+// 2 × Statements more.
+//
+// What it costs: a reservation or a completion waits for a statement
+// slot while all are busy, and with a positive MaxLinger up to that long
+// for others to join. A statement that fails fails every reservation in
+// it (each delivery is nacked, as when its own statement fails); a
+// completion the shared statement did not record is recorded on its own.
 type Batch struct {
 	// MaxSize is the most reservations, or completions, one statement
 	// takes. Defaults to DefaultGroupMaxSize (64); at most
@@ -34,10 +42,13 @@ type Batch struct {
 	MaxSize int
 
 	// MaxLinger bounds how long a forming batch waits for others to join
-	// it. It stops waiting as soon as every delivery that could join has,
-	// or the batch is full. Defaults to DefaultGroupLinger (2 ms); -1 never
-	// waits: a batch is whoever joined while the previous statements kept
-	// the database busy.
+	// it, once a statement slot is free: it stops waiting as soon as every
+	// delivery that could join has (deliveries not reserved yet, handlers
+	// still running), or the batch is full. Defaults to -1, no linger: a
+	// batch is whoever joined while the statements in flight kept every
+	// slot busy, which costs a lone delivery nothing and adapts to the
+	// load. A linger made fewer, larger statements but cost throughput
+	// with few deliveries in flight (docs/benchmarks.md).
 	MaxLinger time.Duration
 
 	// Statements is how many statements of each kind (reservations,
@@ -56,7 +67,7 @@ func (b Batch) withDefaults() Batch {
 		b.MaxSize = DefaultGroupMaxSize
 	}
 	if b.MaxLinger == 0 {
-		b.MaxLinger = DefaultGroupLinger
+		b.MaxLinger = -1
 	}
 	return b // Statements: newReserveBatches, which knows the database
 }
