@@ -9,6 +9,7 @@
 #   scripts/chaos.sh                    # 100,000 events, 8 consumers per mode, 60 SIGKILLs and more
 #   scripts/chaos.sh --seed 42 --keep   # the same stream and fault plan again; keep tables and logs
 #   scripts/chaos.sh --quick --databases postgres --pg-partitioned   # CI too: against a partitioned inbox
+#   scripts/chaos.sh --quick --modes kafka-reserve --reserve-batch   # CI too: reserve mode in batches
 #   scripts/chaos.sh --help
 #
 # Every mode runs on PostgreSQL and on MySQL/MariaDB (--databases

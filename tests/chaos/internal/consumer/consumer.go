@@ -62,6 +62,7 @@ type config struct {
 	dieAfter, pool                      int
 	lifeline, verbose, partitioned      bool
 	pipeline                            bool
+	reserveBatch                        bool
 	ackDeadline, sqlPoll, closeDeadline time.Duration
 }
 
@@ -88,6 +89,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.lifeline, "lifeline", false, "stop when stdin reaches EOF (the driver is gone)")
 	fs.BoolVar(&c.partitioned, "partitioned", false, "PostgreSQL: the inbox table is partitioned (postgres.Partitioned)")
 	fs.BoolVar(&c.pipeline, "pipeline", false, "kafka-group on PostgreSQL: groups in pgx pipelines (dedup/pgxgroup), the handler queues its effect")
+	fs.BoolVar(&c.reserveBatch, "reserve-batch", false, "kafka-reserve: reservations and completions in batches (dedup.Reserve.Batch)")
 	fs.BoolVar(&c.verbose, "v", false, "log what Watermill and inboxmill do, to stderr")
 	fs.DurationVar(&c.ackDeadline, "ack-deadline", 5*time.Second, "sql-queue: watermill-sql's AckDeadline")
 	fs.DurationVar(&c.sqlPoll, "sql-poll", 20*time.Millisecond, "sql-queue: poll interval of an empty queue")
@@ -113,6 +115,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.mode != wire.SQLQueue && c.group == "" {
 		errs = append(errs, errors.New("-group is required in Kafka modes"))
+	}
+	if c.reserveBatch && c.mode != wire.KafkaReserve {
+		errs = append(errs, errors.New("-reserve-batch is for kafka-reserve"))
 	}
 	if c.pipeline && (c.mode != wire.KafkaGroup || c.db != wire.Postgres) {
 		errs = append(errs, errors.New("-pipeline is for kafka-group on PostgreSQL"))
@@ -296,8 +301,14 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 	}
 
 	if cfg.mode == wire.KafkaReserve {
-		dcfg.Mode = dedup.Reserve{Lease: lease, HeartbeatInterval: heartbeat,
+		rs := dedup.Reserve{Lease: lease, HeartbeatInterval: heartbeat,
 			InFlightWait: inFlightWait, InFlightPoll: 50 * time.Millisecond}
+		if cfg.reserveBatch {
+			// One statement of each kind at a time: the deliveries of the
+			// consumer's partitions that arrive meanwhile share the next.
+			rs.Batch = &dedup.Batch{Statements: 1}
+		}
+		dcfg.Mode = rs
 		api := newProviderClient(cfg.provider)
 		h = chargeHandler(api, ks)
 		rec, err := reconcile.New(store, reconcile.Config{
@@ -348,6 +359,11 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 
 	report := func() {
 		s, g := d.Stats(), d.GroupStats()
+		if cfg.reserveBatch {
+			// Reported as groups: statements and what they carried.
+			bs := d.BatchStats()
+			g.Groups, g.Members = bs.ReserveBatches, bs.Reservations
+		}
 		out.println(wire.LineStats, wire.Stats{Executed: s.Executed, Duplicates: s.Duplicates, Conflicts: s.Conflicts,
 			InFlight: s.InFlight, Retries: s.Retries, Pending: s.Pending, Takeovers: s.Takeovers,
 			Groups: g.Groups, Members: g.Members}.String())

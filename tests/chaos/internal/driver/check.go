@@ -103,6 +103,10 @@ func (m *modeRun) check(ctx context.Context) {
 		m.fail("group commit: %d groups of %d members in all: no group of more than one member formed",
 			res.stats.Groups, res.stats.Members)
 	}
+	if m.mode == wire.KafkaReserve && m.r.cfg.ReserveBatch && res.stats.Members <= res.stats.Groups {
+		m.fail("reserve batches: %d statements for %d reservations: no statement carried more than one",
+			res.stats.Groups, res.stats.Members)
+	}
 }
 
 func (m *modeRun) checkEffects(ctx context.Context) error {
@@ -234,6 +238,9 @@ func (m *modeRun) report() {
 	}
 	if m.mode == wire.KafkaGroup && m.db.pipeline {
 		grouped += " groups=pipelined"
+	}
+	if m.mode == wire.KafkaReserve && m.r.cfg.ReserveBatch {
+		grouped += fmt.Sprintf(" batches=on reservations_per_statement=%.2f", res.stats.MeanGroup())
 	}
 	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d%s took=%v",
 		m.label, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,

@@ -103,6 +103,11 @@ type Config struct {
 	// pgx pipelines (dedup/pgxgroup): the handler queues its effect, which
 	// goes to the server with the group's COMMIT.
 	PipelinePostgres bool
+	// ReserveBatch runs kafka-reserve with batches (dedup.Reserve.Batch,
+	// one statement of each kind at a time, so that deliveries in flight
+	// share them): reservations and completions go to the database
+	// several at once, under the same faults.
+	ReserveBatch bool
 	// Keep keeps the tables (and the logs) instead of dropping them.
 	Keep bool
 	// Verbose makes the consumers log to their log files.

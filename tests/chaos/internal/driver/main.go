@@ -48,6 +48,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		keep      = fs.Bool("keep", false, "keep the tables and logs")
 		pgParts   = fs.Bool("pg-partitioned", false, "PostgreSQL's inbox tables are partitioned (postgres.Partitioned), in every mode")
 		pgPipe    = fs.Bool("pg-pipeline", false, "kafka-group on PostgreSQL runs its groups in pgx pipelines (dedup/pgxgroup)")
+		rBatch    = fs.Bool("reserve-batch", false, "kafka-reserve sends its reservations and completions in batches (dedup.Reserve.Batch)")
 		verbose   = fs.Bool("v", false, "consumers log what Watermill and inboxmill do (to the log directory)")
 		binDir    = fs.String("bin-dir", "", "directory of the broker and consumer programs (default: the driver's)")
 		logDir    = fs.String("log-dir", "", "directory for the processes' logs (default: a temporary one)")
@@ -86,6 +87,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		"parallel-databases": func() { cfg.ParallelDatabases = *parDBs },
 		"pg-partitioned":     func() { cfg.PartitionedPostgres = *pgParts },
 		"pg-pipeline":        func() { cfg.PipelinePostgres = *pgPipe },
+		"reserve-batch":      func() { cfg.ReserveBatch = *rBatch },
 		"modes":              func() { cfg.Modes = strings.Split(*modes, ",") },
 		"databases":          func() { cfg.Databases = strings.Split(*databases, ",") },
 	}

@@ -560,6 +560,9 @@ func (m *modeRun) startConsumer(s *slot) {
 	if m.mode == wire.KafkaGroup && m.db.pipeline {
 		args = append(args, "-pipeline")
 	}
+	if m.mode == wire.KafkaReserve && cfg.ReserveBatch {
+		args = append(args, "-reserve-batch")
+	}
 	switch m.mode {
 	case wire.KafkaTx, wire.KafkaGroup:
 		args = append(args, "-topic", m.topic, "-group", s.group, "-effects-table", m.effectsTable)
