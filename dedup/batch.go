@@ -73,17 +73,7 @@ func (b Batch) withDefaults() Batch {
 }
 
 func (b Batch) validate() []error {
-	var errs []error
-	if b.MaxSize < 0 || b.MaxSize > inbox.MaxClaimMany {
-		errs = append(errs, fmt.Errorf("%w: Batch.MaxSize %d is not between 1 and %d", ErrInvalidConfig, b.MaxSize, inbox.MaxClaimMany))
-	}
-	if b.MaxLinger < -1 {
-		errs = append(errs, fmt.Errorf("%w: Batch.MaxLinger %v is negative (use -1 not to linger)", ErrInvalidConfig, b.MaxLinger))
-	}
-	if b.Statements < 0 {
-		errs = append(errs, fmt.Errorf("%w: Batch.Statements %d is negative", ErrInvalidConfig, b.Statements))
-	}
-	return errs
+	return validateGathering("Batch", b.MaxSize, b.MaxLinger, "Statements", b.Statements)
 }
 
 // BatchStats describe the batches of a Deduplicator in reserve mode

@@ -78,6 +78,11 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		}, want: "Group.MaxSize 1001"},
 		{name: "Group.MaxLinger -2ns", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{Group: &dedup.Group{MaxLinger: -2}} }, want: "Group.MaxLinger"},
 		{name: "negative Group.Coordinators", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{Group: &dedup.Group{Coordinators: -1}} }, want: "Group.Coordinators -1"},
+		{name: "Batch.MaxSize above MaxClaimMany", store: store, mutate: func(c *dedup.Config) {
+			c.Mode = dedup.Reserve{Batch: &dedup.Batch{MaxSize: inbox.MaxClaimMany + 1}}
+		}, want: "Batch.MaxSize 1001"},
+		{name: "Batch.MaxLinger -2ns", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Reserve{Batch: &dedup.Batch{MaxLinger: -2}} }, want: "Batch.MaxLinger"},
+		{name: "negative Batch.Statements", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Reserve{Batch: &dedup.Batch{Statements: -1}} }, want: "Batch.Statements -1"},
 		{name: "unknown ReadFirst", store: store, mutate: func(c *dedup.Config) { c.Mode = dedup.Transactional{ReadFirst: dedup.ReadFirst(7)} }, want: "unknown ReadFirst 7"},
 		{name: "Operation of 256 bytes", store: store, mutate: func(c *dedup.Config) { c.Operation = strings.Repeat("o", 256) }, want: "operation is 256 bytes, more than 255"},
 		{name: "ignore path a..b", store: store, mutate: func(c *dedup.Config) { c.IgnoreFields = []string{"a..b"} }, want: `ignore path "a..b"`},
@@ -161,6 +166,7 @@ func TestNewAcceptsValidConfigs(t *testing.T) {
 		{name: "RepeatLogInterval -1 logs every repeat", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), RepeatLogInterval: -1}},
 		{name: "a TracerProvider of its own", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), TracerProvider: noop.NewTracerProvider()}},
 		{name: "group commit with defaults", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Mode: dedup.Transactional{Group: &dedup.Group{}}}},
+		{name: "reserve batches with defaults", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Mode: dedup.Reserve{Batch: &dedup.Batch{}}}},
 		{name: "group commit without linger", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"),
 			Mode: dedup.Transactional{Group: &dedup.Group{MaxSize: 1, MaxLinger: -1, Coordinators: 1}}}},
 		{name: "ClaimAttempts 1", cfg: dedup.Config{Key: dedup.KeyFromMetadata("id"), Mode: dedup.Transactional{ClaimAttempts: 1}}},

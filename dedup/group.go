@@ -106,15 +106,22 @@ func (g Group) withDefaults() Group {
 }
 
 func (g Group) validate() []error {
+	return validateGathering("Group", g.MaxSize, g.MaxLinger, "Coordinators", g.Coordinators)
+}
+
+// validateGathering checks the settings Group and Batch share: a size
+// within one multi-row statement's, a linger of -1 or more, and a
+// non-negative number of statements (named slots) at once.
+func validateGathering(what string, size int, linger time.Duration, slots string, n int) []error {
 	var errs []error
-	if g.MaxSize < 0 || g.MaxSize > inbox.MaxClaimMany {
-		errs = append(errs, fmt.Errorf("%w: Group.MaxSize %d is not between 1 and %d", ErrInvalidConfig, g.MaxSize, inbox.MaxClaimMany))
+	if size < 0 || size > inbox.MaxClaimMany {
+		errs = append(errs, fmt.Errorf("%w: %s.MaxSize %d is not between 1 and %d", ErrInvalidConfig, what, size, inbox.MaxClaimMany))
 	}
-	if g.MaxLinger < -1 {
-		errs = append(errs, fmt.Errorf("%w: Group.MaxLinger %v is negative (use -1 not to linger)", ErrInvalidConfig, g.MaxLinger))
+	if linger < -1 {
+		errs = append(errs, fmt.Errorf("%w: %s.MaxLinger %v is negative (use -1 not to linger)", ErrInvalidConfig, what, linger))
 	}
-	if g.Coordinators < 0 {
-		errs = append(errs, fmt.Errorf("%w: Group.Coordinators %d is negative", ErrInvalidConfig, g.Coordinators))
+	if n < 0 {
+		errs = append(errs, fmt.Errorf("%w: %s.%s %d is negative", ErrInvalidConfig, what, slots, n))
 	}
 	return errs
 }
