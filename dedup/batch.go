@@ -321,9 +321,12 @@ func reserveBatch(store *inbox.Store, completes *batcher[*completeItem], items [
 	if len(live) == 0 {
 		return
 	}
-	// The statement outlives any one delivery's context: a delivery that
-	// goes away meanwhile gets its reservation, which its lease expires.
-	ctx := context.WithoutCancel(live[0].ctx)
+	// The statement outlives any one delivery's context (a delivery that
+	// goes away meanwhile gets its reservation, which its lease expires),
+	// but not a database that stopped answering: then every delivery in
+	// it is nacked.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(live[0].ctx), finishTimeout)
+	defer cancel()
 	var res []inbox.ReserveResult
 	var err error
 	if len(live) == 1 {
