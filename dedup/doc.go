@@ -54,6 +54,12 @@
 // sends a group's statements in two round trips whatever its size, with
 // handlers that queue their writes: the fastest mode.
 //
+// In reserve mode, Reserve.Batch sends the reservations of deliveries in
+// flight in one statement (inbox.Store.ReserveMany) and the completions
+// of handlers that return together in another (inbox.Store.CompleteMany);
+// no transaction is held across a handler. See [Batch]: it pays with
+// many deliveries in flight against a busy database, and costs with few.
+//
 // # Usage
 //
 //	d, err := dedup.New(store, dedup.Config{
