@@ -229,6 +229,91 @@ func runBatch(t *testing.T, h Harness) {
 		require.Equal(t, inbox.StatusCompleted, r.record(t, "pay-1").Status)
 	})
 
+	// rename moves the inbox table out of the store's way and back, so
+	// that its statements fail the way a refused statement does.
+	rename := func(t *testing.T, r *rw, from, to string) {
+		t.Helper()
+		_, err := r.db.ExecContext(r.ctx, fmt.Sprintf("ALTER TABLE %s RENAME TO %s", from, to))
+		require.NoError(t, err)
+	}
+
+	t.Run("AFailedReservationStatementNacksEveryDeliveryInItAndRunsNoHandler", func(t *testing.T) {
+		t.Parallel()
+		r := setupReserve(t, h)
+		d := r.dedup(t, dedup.Config{}, dedup.Reserve{Lease: time.Minute, Batch: &dedup.Batch{Statements: 1}})
+		handler := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			c, _ := dedup.ClaimFromContext(msg.Context())
+			r.charge(c)
+			return nil, nil
+		})
+		aside := r.table + "_aside"
+		rename(t, r, r.table, aside)
+		errs := deliverAll(handler, keys(8))
+		rename(t, r, aside, r.table)
+		for k, err := range errs {
+			require.Error(t, err, "%s: nacked", k)
+			require.False(t, errors.Is(err, dedup.ErrPayloadConflict), k)
+		}
+		require.Zero(t, r.totalEffects(), "no handler ran without its reservation")
+		require.Zero(t, r.records(t))
+
+		// The redeliveries find nothing recorded and run once each.
+		for k, err := range deliverAll(handler, keys(8)) {
+			require.NoError(t, err, k)
+		}
+		require.Equal(t, 8, r.totalEffects())
+	})
+
+	t.Run("AFailedCompletionStatementNacksAndTheTakeoverRunsAgain", func(t *testing.T) {
+		t.Parallel()
+		r := setupReserve(t, h)
+		d := r.dedup(t, dedup.Config{}, dedup.Reserve{Lease: time.Minute, InFlightWait: -1,
+			Batch: &dedup.Batch{Statements: 1}})
+		const n = 6
+		aside := r.table + "_aside"
+		var started sync.WaitGroup
+		started.Add(n)
+		var once sync.Once
+		handler := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			c, _ := dedup.ClaimFromContext(msg.Context())
+			r.charge(c)
+			if c.Attempt == 1 {
+				// Every handler has charged before the table goes: no
+				// completion can be recorded.
+				started.Done()
+				started.Wait()
+				once.Do(func() { rename(t, r, r.table, aside) })
+			}
+			return nil, nil
+		})
+		errs := deliverAll(handler, keys(n))
+		rename(t, r, aside, r.table)
+		for k, err := range errs {
+			require.Error(t, err, "%s: the outcome was not recorded, so the delivery is nacked", k)
+			rec := r.record(t, k)
+			require.Equal(t, inbox.StatusProcessing, rec.Status, "%s: still under its lease", k)
+			require.False(t, rec.LeaseExpired(r.store.Now()), k)
+		}
+		require.Equal(t, n, r.totalEffects())
+
+		// Redelivered while the lease holds: held, not run.
+		for k, err := range deliverAll(handler, keys(n)) {
+			require.ErrorIs(t, err, dedup.ErrInFlight, k)
+		}
+		// Once it expires, a redelivery takes each over as attempt 2 (the
+		// provider sees the same idempotency key) and records it.
+		r.clock.Advance(2 * time.Minute)
+		for k, err := range deliverAll(handler, keys(n)) {
+			require.NoError(t, err, k)
+			rec := r.record(t, k)
+			require.Equal(t, inbox.StatusCompleted, rec.Status, k)
+			require.EqualValues(t, 2, rec.Attempt, k)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		require.Len(t, r.effects, n, "one idempotency key per intent, whatever the attempt")
+	})
+
 	t.Run("ATakenOverLeaseDoesNotCompleteInTheBatch", func(t *testing.T) {
 		t.Parallel()
 		r := setupReserve(t, h)
