@@ -27,27 +27,17 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceGroupCommit runs the suite again with group commit on
-// for every transactional test, on every database and driver.
-func TestConformanceGroupCommit(t *testing.T) {
+// TestConformanceGroupsAndBatches runs the suite again with group commit
+// on for every transactional test and batches on for every reserve-mode
+// test, on every database and driver: one run for both, as each setting
+// changes only its own mode's tests (TestConformance covers both off).
+func TestConformanceGroupsAndBatches(t *testing.T) {
 	testdb.EachMode(t, func(t *testing.T, kind testdb.Kind, prepare inbox.Prepare) {
 		deduptest.Run(t, deduptest.Harness{
 			Dialect: testdb.Dialect(kind),
 			DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
 			Prepare: prepare,
 			Group:   &dedup.Group{},
-		})
-	})
-}
-
-// TestConformanceReserveBatch runs the suite again with batches on for
-// every reserve-mode test, on every database and driver.
-func TestConformanceReserveBatch(t *testing.T) {
-	testdb.EachMode(t, func(t *testing.T, kind testdb.Kind, prepare inbox.Prepare) {
-		deduptest.Run(t, deduptest.Harness{
-			Dialect: testdb.Dialect(kind),
-			DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
-			Prepare: prepare,
 			Batch:   &dedup.Batch{},
 		})
 	})
