@@ -6,7 +6,9 @@ package kafkatest
 import (
 	"errors"
 	"fmt"
+	"net"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,6 +65,8 @@ func Config() *sarama.Config {
 type Record struct {
 	// Partition is where the record goes.
 	Partition int32
+	// Key is the record key; nil sends none.
+	Key []byte
 	// Headers become the Watermill message's metadata.
 	Headers map[string]string
 	// Value is the payload.
@@ -90,6 +94,9 @@ func Produce(t testing.TB, brokers []string, topic string, records []Record) {
 		for _, r := range records[start:min(start+batch, len(records))] {
 			m := &sarama.ProducerMessage{Topic: topic, Partition: r.Partition, Value: sarama.ByteEncoder(r.Value),
 				Timestamp: r.Timestamp}
+			if r.Key != nil {
+				m.Key = sarama.ByteEncoder(r.Key)
+			}
 			keys := make([]string, 0, len(r.Headers))
 			for k := range r.Headers {
 				keys = append(keys, k)
@@ -194,4 +201,80 @@ func Consumed(brokers []string, group, topic string) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// Committed returns the offsets group has committed for the partitions of
+// topic (-1 where it has committed none).
+func Committed(brokers []string, group, topic string) (map[int32]int64, error) {
+	client, err := sarama.NewClient(brokers, Config())
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	partitions, err := client.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	res, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: partitions})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int32]int64, len(partitions))
+	for _, p := range partitions {
+		b := res.GetBlock(topic, p)
+		if b == nil {
+			return nil, fmt.Errorf("no committed offset block for %s/%d", topic, p)
+		}
+		if b.Err != sarama.ErrNoError {
+			return nil, b.Err
+		}
+		out[p] = b.Offset
+	}
+	return out, nil
+}
+
+// KillableDialer dials the broker for a Sarama client (Net.Proxy.Dialer)
+// and can cut every connection it made at once, as the death of the
+// consumer's process would: nothing the client had not sent yet — an
+// offset commit, a leave — reaches the broker.
+type KillableDialer struct {
+	mu    sync.Mutex
+	dead  bool
+	conns []net.Conn
+}
+
+// Dial dials addr, or fails once the dialer is killed.
+func (k *KillableDialer) Dial(network, addr string) (net.Conn, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.dead {
+		return nil, errors.New("the consumer is dead")
+	}
+	conn, err := (&net.Dialer{Timeout: 5 * time.Second}).Dial(network, addr)
+	if err == nil {
+		k.conns = append(k.conns, conn)
+	}
+	return conn, err
+}
+
+// Kill closes every connection and refuses new ones.
+func (k *KillableDialer) Kill() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.dead = true
+	for _, c := range k.conns {
+		_ = c.Close()
+	}
+}
+
+// ConfigWith returns Config dialing through d.
+func ConfigWith(d *KillableDialer) *sarama.Config {
+	cfg := Config()
+	cfg.Net.Proxy.Enable = true
+	cfg.Net.Proxy.Dialer = d
+	return cfg
 }

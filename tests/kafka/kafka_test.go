@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -167,16 +166,14 @@ type consumer struct {
 	name   string
 	d      *dedup.Deduplicator
 	router *message.Router
-	dialer *killableDialer
+	dialer *kafkatest.KillableDialer
 	done   chan struct{}
 }
 
 func (e *env) startConsumer(name, group string, outer message.HandlerMiddleware) *consumer {
 	t := e.t
-	c := &consumer{name: name, dialer: &killableDialer{}, done: make(chan struct{})}
-	cfg := kafkatest.Config()
-	cfg.Net.Proxy.Enable = true
-	cfg.Net.Proxy.Dialer = c.dialer
+	c := &consumer{name: name, dialer: &kafkatest.KillableDialer{}, done: make(chan struct{})}
+	cfg := kafkatest.ConfigWith(c.dialer)
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               e.brokers,
 		Unmarshaler:           kafka.DefaultMarshaler{},
@@ -233,34 +230,6 @@ func (c *consumer) close(t *testing.T) {
 
 // killableDialer is the consumer's network: kill cuts every connection and
 // refuses new ones, as when the process dies.
-type killableDialer struct {
-	mu    sync.Mutex
-	dead  bool
-	conns []net.Conn
-}
-
-func (k *killableDialer) Dial(network, addr string) (net.Conn, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.dead {
-		return nil, errors.New("the consumer is dead")
-	}
-	conn, err := (&net.Dialer{Timeout: 5 * time.Second}).Dial(network, addr)
-	if err == nil {
-		k.conns = append(k.conns, conn)
-	}
-	return conn, err
-}
-
-func (k *killableDialer) kill() {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.dead = true
-	for _, c := range k.conns {
-		_ = c.Close()
-	}
-}
-
 // waitFor polls cond until it holds, for at most waitLimit.
 func (e *env) waitFor(what string, cond func() (bool, error)) {
 	e.t.Helper()
@@ -305,7 +274,7 @@ func (e *env) rebalance(events map[string]string) {
 			if err == nil && a.d.Stats().Executed >= crashAfter && b.d.Stats().Executed > 0 {
 				crashOnce.Do(func() {
 					crashed.Store(true)
-					a.dialer.kill()
+					a.dialer.Kill()
 					close(crash)
 				})
 			}
