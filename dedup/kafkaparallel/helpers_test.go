@@ -8,11 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/kafkaparallel"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
 	"github.com/inboxmill/inboxmill/internal/testkit"
@@ -40,25 +43,40 @@ type consumerOpts struct {
 	// middlewares are added to the router in order (the first outermost).
 	middlewares []message.HandlerMiddleware
 	publisher   message.Publisher
+	// cooperative rebalances with the cooperative-sticky strategy
+	// instead of Sarama's default (range, eager).
+	cooperative bool
 }
 
 // startConsumer starts a router consuming topic with a parallel
 // subscriber and h, and waits until it runs.
 func startConsumer(t *testing.T, brokers []string, topic, name string, o consumerOpts, h message.HandlerFunc) *consumer {
 	t.Helper()
+	return startConsumerWith(t, brokers, topic, name, o, nil, h)
+}
+
+// startConsumerWith is startConsumer with an Unmarshaler (nil: the
+// default).
+func startConsumerWith(t *testing.T, brokers []string, topic, name string, o consumerOpts, u kafka.Unmarshaler,
+	h message.HandlerFunc) *consumer {
+	t.Helper()
 	c := &consumer{t: t, name: name, dialer: &kafkatest.KillableDialer{}, done: make(chan error, 1)}
 	sc := kafkatest.ConfigWith(c.dialer)
 	sc.ClientID = name
+	if o.cooperative {
+		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+	}
 	if o.cfg.CommitInterval == 0 {
 		o.cfg.CommitInterval = 100 * time.Millisecond
 	}
 	sub, err := kafkaparallel.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               brokers,
 		ConsumerGroup:         o.group,
+		Unmarshaler:           u,
 		OverwriteSaramaConfig: sc,
 		NackResendSleep:       10 * time.Millisecond,
 		ReconnectRetrySleep:   100 * time.Millisecond,
-	}, o.cfg, watermill.NopLogger{})
+	}, o.cfg, testLogger(t))
 	require.NoError(t, err)
 	c.sub = sub
 	c.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
@@ -155,4 +173,34 @@ func (tr *tracker) violations() []string {
 func waitFor(t *testing.T, what string, cond func() (bool, error)) {
 	t.Helper()
 	testkit.WaitFor(t, waitLimit, what, cond)
+}
+
+// poisonQueue returns the router middleware that publishes what the
+// dedup middleware refuses for good (dedup.IsPoison) to topic and acks it.
+func poisonQueue(t *testing.T, brokers []string, topic string) message.HandlerMiddleware {
+	t.Helper()
+	pc := kafka.DefaultSaramaSyncPublisherConfig()
+	pc.Version = kafkatest.Version
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: pc}, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	mw, err := middleware.PoisonQueueWithFilter(pub, topic, dedup.IsPoison)
+	require.NoError(t, err)
+	return mw
+}
+
+// watermillMessage is rec as watermill-kafka's DefaultMarshaler reads it.
+func watermillMessage(t *testing.T, rec *sarama.ConsumerMessage) *message.Message {
+	t.Helper()
+	msg, err := kafka.DefaultMarshaler{}.Unmarshal(rec)
+	require.NoError(t, err)
+	return msg
+}
+
+func testLogger(t *testing.T) watermill.LoggerAdapter {
+	if testing.Verbose() {
+		return watermill.NewStdLogger(true, false)
+	}
+	return watermill.NopLogger{}
 }

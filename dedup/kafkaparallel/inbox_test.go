@@ -73,7 +73,7 @@ func newDBEnv(t *testing.T, v variant) *dbEnv {
 
 // dedup returns a middleware of the variant's mode.
 func (e *dbEnv) dedup() *dedup.Deduplicator {
-	cfg := dedup.Config{Key: dedup.KeyFromMetadata("event_id")}
+	cfg := dedup.Config{Key: dedup.KeyFromMetadata("event_id"), Operation: handlerName}
 	switch e.v.mode {
 	case "group":
 		cfg.Mode = dedup.Transactional{Group: &dedup.Group{}}

@@ -43,6 +43,11 @@ type partition struct {
 	marked            int64 // the watermark last marked; -1 before
 	token             bool  // holds a token of Subscriber.tokens for the next record
 	draining          bool
+	// ahead holds records read from the claim and not yet taken in: the
+	// limits were reached.
+	ahead  []*sarama.ConsumerMessage
+	paused bool
+	group  sarama.ConsumerGroup
 }
 
 // entry is one record read from the partition.
@@ -67,10 +72,11 @@ type result struct {
 	acked bool
 }
 
-func newPartition(sub *subscription, sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *partition {
+func newPartition(sub *subscription, group sarama.ConsumerGroup, sess sarama.ConsumerGroupSession,
+	claim sarama.ConsumerGroupClaim) *partition {
 	s := sub.s
 	return &partition{
-		sub: sub, s: s, sess: sess, claim: claim,
+		sub: sub, s: s, sess: sess, claim: claim, group: group,
 		log: sub.log.With(watermill.LogFields{"kafka_partition": claim.Partition(),
 			"kafka_initial_offset": claim.InitialOffset()}),
 		results: make(chan result, s.cfg.MaxInFlightPerPartition),
@@ -84,6 +90,13 @@ func newPartition(sub *subscription, sess sarama.ConsumerGroupSession, claim sar
 
 // run consumes the partition until it is revoked, the session ends or the
 // subscriber closes, then drains it.
+//
+// It reads the claim's records as they come, so that it sees the channel
+// close when a cooperative rebalance revokes the partition, even while
+// the in-flight limits are reached. Records it cannot take in yet wait in
+// ahead; once that holds Consumer.ChannelBufferSize records the partition
+// is paused, so that Sarama fetches nothing more for it, until ahead is
+// empty again. The read-ahead is thus about twice Sarama's own.
 func (p *partition) run() {
 	s := p.s
 	s.n.partitions.Add(1)
@@ -91,25 +104,27 @@ func (p *partition) run() {
 	p.log.Debug("Consuming partition", nil)
 	records := p.claim.Messages()
 	for !p.draining {
-		var read <-chan *sarama.ConsumerMessage
+		p.admit()
+		// Paused once ahead holds as many records as Sarama buffers for
+		// a partition, fetching again once it is empty.
+		if len(p.ahead) >= max(1, s.sarama.ChannelBufferSize) {
+			p.pause(true)
+		} else if len(p.ahead) == 0 {
+			p.pause(false)
+		}
 		var take chan<- struct{}
-		if p.inFlight < s.cfg.MaxInFlightPerPartition && len(p.window)-p.head < s.cfg.MaxWindow {
-			if p.token {
-				read = records
-			} else {
-				take = s.tokens
-			}
+		if len(p.ahead) > 0 && p.room() && !p.token {
+			take = s.tokens
 		}
 		select {
 		case take <- struct{}{}:
 			p.token = true
-		case rec, ok := <-read:
+		case rec, ok := <-records:
 			if !ok { // revoked (cooperative rebalance), or the consumer stopped
 				p.draining = true
 				break
 			}
-			p.token = false
-			p.add(rec)
+			p.ahead = append(p.ahead, rec)
 		case r := <-p.results:
 			p.finish(r)
 		case <-p.sess.Context().Done():
@@ -121,6 +136,47 @@ func (p *partition) run() {
 		}
 	}
 	p.drain()
+}
+
+// room reports whether the partition's limits let one more record in.
+func (p *partition) room() bool {
+	return p.inFlight < p.s.cfg.MaxInFlightPerPartition && len(p.window)-p.head < p.s.cfg.MaxWindow
+}
+
+// admit takes in the records waiting ahead while the limits allow.
+func (p *partition) admit() {
+	for len(p.ahead) > 0 && p.room() {
+		if !p.token {
+			select {
+			case p.s.tokens <- struct{}{}:
+				p.token = true
+			default:
+				return
+			}
+		}
+		rec := p.ahead[0]
+		p.ahead[0] = nil
+		p.ahead = p.ahead[1:]
+		p.token = false
+		p.add(rec)
+	}
+	if len(p.ahead) == 0 {
+		p.ahead = p.ahead[:0:0] // let a long backlog's array go
+	}
+}
+
+// pause pauses or resumes fetching the partition.
+func (p *partition) pause(on bool) {
+	if on == p.paused {
+		return
+	}
+	p.paused = on
+	tp := map[string][]int32{p.claim.Topic(): {p.claim.Partition()}}
+	if on {
+		p.group.Pause(tp)
+	} else {
+		p.group.Resume(tp)
+	}
 }
 
 // add takes a record read from the partition: it becomes an entry of the
@@ -260,6 +316,8 @@ func (p *partition) drain() {
 		t.Stop()
 	}
 	close(p.hard)
+	// Sarama keeps a partition paused across reassignments.
+	p.pause(false)
 	stragglers := p.running
 	// The deliverers still alive report into results' buffer and exit;
 	// nobody reads them any more.

@@ -263,7 +263,7 @@ func (sub *subscription) consume() error {
 	}()
 	defer func() { cancel(); <-errorsDone }()
 
-	var h sarama.ConsumerGroupHandler = groupHandler{sub}
+	var h sarama.ConsumerGroupHandler = groupHandler{sub, group}
 	if s.kafka.Tracer != nil {
 		h = s.kafka.Tracer.WrapConsumerGroupHandler(h)
 	}
@@ -279,12 +279,15 @@ func (sub *subscription) consume() error {
 }
 
 // groupHandler runs each claimed partition (see partition.go).
-type groupHandler struct{ sub *subscription }
+type groupHandler struct {
+	sub   *subscription
+	group sarama.ConsumerGroup
+}
 
 func (groupHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
 func (groupHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 
 func (h groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	newPartition(h.sub, sess, claim).run()
+	newPartition(h.sub, h.group, sess, claim).run()
 	return nil
 }
