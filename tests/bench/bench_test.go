@@ -50,11 +50,17 @@ func TestSmoke(t *testing.T) {
 			require.Contains(t, bench, "kafka_inboxmill/4")
 			require.Contains(t, bench, "kafka_group/4")
 			require.Contains(t, ratios, "kafka_group_vs_plain/4")
-			if tc.dialect == "pg" {
-				require.Contains(t, bench, "kafka_group_pgx/4")
-				require.Contains(t, ratios, "kafka_group_pgx_vs_plain/4")
-			} else {
-				require.NotContains(t, bench, "kafka_group_pgx/4")
+			for _, v := range []string{"parallel_plain", "parallel", "parallel_group"} {
+				require.Contains(t, bench, "kafka_"+v+"/4")
+				require.Contains(t, ratios, "kafka_"+v+"_vs_plain/4")
+			}
+			for _, v := range []string{"group_pgx", "parallel_group_pgx"} {
+				if tc.dialect == "pg" {
+					require.Contains(t, bench, "kafka_"+v+"/4")
+					require.Contains(t, ratios, "kafka_"+v+"_vs_plain/4")
+				} else {
+					require.NotContains(t, bench, "kafka_"+v+"/4")
+				}
 			}
 			if tc.dialect == "pg" {
 				for _, w := range []string{"1", "2"} {

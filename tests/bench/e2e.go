@@ -17,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/kafkaparallel"
 	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
@@ -29,20 +30,33 @@ import (
 var e2eVariants = []string{"plain", "inboxmill"}
 
 // kafkaVariants add, through Kafka, the middleware with group commit
-// (group) and, on PostgreSQL, with its pgx pipelines (group_pgx).
-var kafkaVariants = []string{"plain", "inboxmill", "group", "group_pgx"}
+// (group) and, on PostgreSQL, with its pgx pipelines (group_pgx), all
+// through watermill-kafka's subscriber; and through the parallel
+// consumer (package dedup/kafkaparallel) the bare handler
+// (parallel_plain), the middleware (parallel), with group commit
+// (parallel_group) and with pipelines (parallel_group_pgx).
+var kafkaVariants = []string{"plain", "inboxmill", "group", "group_pgx",
+	"parallel_plain", "parallel", "parallel_group", "parallel_group_pgx"}
 
 // kafkaVariant reports whether variant v runs on dialect d.
-func kafkaVariant(d, v string) bool { return v != "group_pgx" || d == "pg" }
+func kafkaVariant(d, v string) bool { return !strings.HasSuffix(v, "group_pgx") || d == "pg" }
+
+// kafkaKeys is how many distinct record keys the Kafka scenarios' events
+// have: the parallel consumer orders by record key, so this many lanes
+// share a topic's partitions.
+const kafkaKeys = 1024
 
 // e2eTimeout bounds the wait for a transport to deliver every message.
 const e2eTimeout = 10 * time.Minute
 
-// kafka publishes msgs events per dialect, variant and partition count
-// to an in-process Kafka-protocol broker (kfake) and consumes them with
-// watermill-kafka's subscriber, a router and the handler. watermill-kafka
-// handles one message per partition at a time, so the partition count is
-// also the worker count.
+// kafka publishes msgs events per dialect, variant, partition count and
+// round to an in-process Kafka-protocol broker (kfake) and consumes them
+// with a router and the handler: through watermill-kafka's subscriber,
+// which handles one message per partition at a time (so the partition
+// count is also the worker count), or through the parallel consumer with
+// up to --kafka-in-flight messages a partition and a pool of
+// --kafka-pool connections. Rounds interleave the variants; the median
+// is reported.
 func (b *bench) kafka(ctx context.Context) (err error) {
 	for _, parts := range b.opts.partitions {
 		if err := b.kafkaOn(ctx, parts); err != nil {
@@ -56,43 +70,73 @@ func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 	h := &harness{}
 	defer h.close()
 	defer h.recover(&err)
+	type run struct {
+		d       dialect
+		variant string
+		topic   string
+	}
+	var runs []run
 	var topics []string
-	for _, d := range b.opts.dialects {
-		for _, v := range kafkaVariants {
-			if kafkaVariant(d, v) {
-				topics = append(topics, d+"_"+v)
+	for round := 1; round <= b.opts.rounds; round++ {
+		for _, name := range b.opts.dialects {
+			d, _ := dialectByName(name)
+			for _, v := range kafkaVariants {
+				if kafkaVariant(d.name, v) && b.opts.hasKafka(v) {
+					topic := fmt.Sprintf("%s_%s_%d", d.name, v, round)
+					runs = append(runs, run{d, v, topic})
+					topics = append(topics, topic)
+				}
 			}
 		}
 	}
 	brokers := kafkatest.Start(h, int32(partitions), topics...)
-	for _, name := range b.opts.dialects {
-		d, _ := dialectByName(name)
-		for _, v := range kafkaVariants {
-			if !kafkaVariant(d.name, v) {
-				continue
-			}
-			topic := d.name + "_" + v
-			records := make([]kafkatest.Record, b.opts.msgs)
-			for i, msg := range newMessages(b.opts.msgs, nil) {
-				records[i] = kafkatest.Record{Partition: int32(i % partitions), Value: msg.Payload,
-					Headers: map[string]string{"event_id": eventID(msg)}}
-			}
-			kafkatest.Produce(h, brokers, topic, records)
-			sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-				Brokers:               brokers,
-				Unmarshaler:           kafka.DefaultMarshaler{},
-				ConsumerGroup:         "bench_" + topic,
-				OverwriteSaramaConfig: kafkatest.Config(),
-				NackResendSleep:       20 * time.Millisecond,
-				ReconnectRetrySleep:   100 * time.Millisecond,
-			}, watermill.NopLogger{})
-			if err != nil {
-				return err
-			}
-			if err := b.consume(ctx, d, "kafka_"+v, partitions, sub, topic, nil); err != nil {
-				return fmt.Errorf("%s on %s with %d partitions: %w", v, d.name, partitions, err)
-			}
+	rounds := map[string][]result{}
+	var order []string
+	for i, r := range runs {
+		records := make([]kafkatest.Record, b.opts.msgs)
+		for j, msg := range newMessages(b.opts.msgs, nil) {
+			records[j] = kafkatest.Record{Partition: int32(j % partitions), Value: msg.Payload,
+				Key:     fmt.Appendf(nil, "acct-%d", j%kafkaKeys),
+				Headers: map[string]string{"event_id": eventID(msg)}}
 		}
+		kafkatest.Produce(h, brokers, r.topic, records)
+		kcfg := kafka.SubscriberConfig{
+			Brokers:               brokers,
+			Unmarshaler:           kafka.DefaultMarshaler{},
+			ConsumerGroup:         "bench_" + r.topic,
+			OverwriteSaramaConfig: kafkatest.Config(),
+			NackResendSleep:       20 * time.Millisecond,
+			ReconnectRetrySleep:   100 * time.Millisecond,
+		}
+		var sub message.Subscriber
+		conns := partitions + 2
+		if strings.HasPrefix(r.variant, "parallel") {
+			sub, err = kafkaparallel.NewSubscriber(kcfg, kafkaparallel.Config{MaxInFlightPerPartition: b.opts.kafkaInFlight},
+				watermill.NopLogger{})
+			conns = b.opts.kafkaPool
+		} else {
+			sub, err = kafka.NewSubscriber(kcfg, watermill.NopLogger{})
+		}
+		if err != nil {
+			return err
+		}
+		scenario := "kafka_" + r.variant
+		res, err := b.consume(ctx, r.d, scenario, conns, sub, r.topic, nil)
+		if err != nil {
+			return fmt.Errorf("%s on %s with %d partitions: %w", r.variant, r.d.name, partitions, err)
+		}
+		res.workers = partitions
+		if b.opts.rounds > 1 {
+			b.logf("round %d/%d: %s (%s)", i/(len(runs)/b.opts.rounds)+1, b.opts.rounds, res, machineLoad())
+		}
+		key := r.d.name + "/" + scenario
+		if _, ok := rounds[key]; !ok {
+			order = append(order, key)
+		}
+		rounds[key] = append(rounds[key], res)
+	}
+	for _, key := range order {
+		b.report(median(rounds[key]))
 	}
 	return nil
 }
@@ -163,25 +207,30 @@ func (b *bench) sqlQueueOn(ctx context.Context, scenario string, batch int) erro
 	if err != nil {
 		return err
 	}
-	return b.consumeOn(ctx, f, scenario, 1, sub, topic, watermillsql.Tx)
+	r, err := b.consumeOn(ctx, f, scenario, 1, sub, topic, watermillsql.Tx)
+	if err == nil {
+		b.report(r)
+	}
+	return err
 }
 
-// consume runs one variant on a fixture of its own.
-func (b *bench) consume(ctx context.Context, d dialect, scenario string, workers int, sub message.Subscriber,
-	topic string, join dedup.TxJoiner) error {
-	f, err := b.newFixture(ctx, d, "e2e", workers+2)
+// consume runs one variant on a fixture of its own, with a pool of conns
+// connections.
+func (b *bench) consume(ctx context.Context, d dialect, scenario string, conns int, sub message.Subscriber,
+	topic string, join dedup.TxJoiner) (result, error) {
+	f, err := b.newFixture(ctx, d, "e2e", conns)
 	if err != nil {
-		return err
+		return result{}, err
 	}
 	defer f.close()
-	return b.consumeOn(ctx, f, scenario, workers, sub, topic, join)
+	return b.consumeOn(ctx, f, scenario, conns, sub, topic, join)
 }
 
 // consumeOn routes topic from sub to the variant's handler until every
-// message was handled, and reports the throughput from the first message's
-// arrival to the last one's end.
+// message was handled, and returns the throughput from the first
+// message's arrival to the last one's end.
 func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, workers int, sub message.Subscriber,
-	topic string, join dedup.TxJoiner) error {
+	topic string, join dedup.TxJoiner) (result, error) {
 	handler := func(msg *message.Message) error {
 		// The transaction the transport consumes in, if it has one.
 		if tx, ok := watermillsql.Tx(msg.Context()); ok {
@@ -193,24 +242,25 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	if err != nil {
-		return err
+		return result{}, err
 	}
 	t := newE2ETimer(b.opts.msgs)
 	router.AddMiddleware(t.middleware)
 	var d *dedup.Deduplicator
 	switch scenario {
-	case "kafka_inboxmill", "sqlqueue_inboxmill", "sqlqueue_inboxmill_batch", "kafka_group", "kafka_group_pgx":
+	case "kafka_inboxmill", "sqlqueue_inboxmill", "sqlqueue_inboxmill_batch", "kafka_group", "kafka_group_pgx",
+		"kafka_parallel", "kafka_parallel_group", "kafka_parallel_group_pgx":
 		store, err := f.newStore(ctx)
 		if err != nil {
-			return err
+			return result{}, err
 		}
 		mode := dedup.Transactional{JoinTx: join}
 		inner := f.inClaimTx
 		switch scenario {
-		case "kafka_group":
+		case "kafka_group", "kafka_parallel_group":
 			g := f.group
 			mode.Group = &g
-		case "kafka_group_pgx":
+		case "kafka_group_pgx", "kafka_parallel_group_pgx":
 			g := f.group
 			g.Pipeline = pgxgroup.Pipeline()
 			mode.Group, inner = &g, f.queued
@@ -218,7 +268,7 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 		cfg := dedupConfig(mode)
 		cfg.Operation = "" // the router's handler name
 		if d, err = dedup.New(store, cfg); err != nil {
-			return err
+			return result{}, err
 		}
 		router.AddMiddleware(d.Middleware)
 		handler = func(msg *message.Message) error {
@@ -246,20 +296,19 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 		waitErr = f.awaitRows(ctx, f.effects, b.opts.msgs)
 	}
 	if err := errors.Join(waitErr, router.Close()); err != nil {
-		return err
+		return result{}, err
 	}
 	if d != nil {
 		if st := d.Stats(); st.Executed != uint64(b.opts.msgs) {
-			return fmt.Errorf("middleware stats %+v, want %d executed", st, b.opts.msgs)
+			return result{}, fmt.Errorf("middleware stats %+v, want %d executed", st, b.opts.msgs)
 		}
 	}
 	if err := f.expectRows(ctx, f.effects, b.opts.msgs); err != nil {
-		return err
+		return result{}, err
 	}
 	r := t.result()
 	r.scenario, r.dialect, r.workers = scenario, f.d.name, workers
-	b.report(r)
-	return nil
+	return r, nil
 }
 
 // e2eTimer is the router's outermost middleware: it times each delivery

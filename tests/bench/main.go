@@ -87,6 +87,16 @@ type options struct {
 	// sqlQueueBatch is the SubscribeBatchSize of the sqlqueue scenario's
 	// batched variants; 1 or less leaves them out.
 	sqlQueueBatch int
+	// kafkaVariants are the kafka scenario's variants to run (all when
+	// empty); kafkaInFlight and kafkaPool the parallel consumer's
+	// MaxInFlightPerPartition and its variants' pool size.
+	kafkaVariants            []string
+	kafkaInFlight, kafkaPool int
+}
+
+// hasKafka reports whether the kafka scenario runs variant v.
+func (o options) hasKafka(v string) bool {
+	return len(o.kafkaVariants) == 0 || slices.Contains(o.kafkaVariants, v)
 }
 
 func (o options) has(scenario string) bool { return slices.Contains(o.scenarios, scenario) }
@@ -98,7 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o                                   options
 		dialects, workers, scenarios, sizes string
 		prepare, keys, purgeSizes, layouts  string
-		partitionList                       string
+		partitionList, kafkaVariantList     string
 	)
 	fs.BoolVar(&o.quick, "quick", false, "fewer messages per measurement and growth up to 1M rows (under 5 minutes on 2 cores)")
 	fs.BoolVar(&o.smoke, "smoke", false, "a tiny run that only proves every scenario works (what the test runs)")
@@ -118,6 +128,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.group.MaxSize, "group-size", 0, "inboxmill_group's dedup.Group.MaxSize (default: the library's)")
 	fs.DurationVar(&o.group.MaxLinger, "group-linger", 0, "inboxmill_group's dedup.Group.MaxLinger (default: the library's)")
 	fs.StringVar(&partitionList, "partitions", "4", "the kafka scenario's partition counts, each measured with its own topics (watermill-kafka handles one message per partition at a time)")
+	fs.StringVar(&kafkaVariantList, "kafka-variants", "", "the kafka scenario's variants (default all: "+strings.Join(kafkaVariants, ",")+")")
+	fs.IntVar(&o.kafkaInFlight, "kafka-in-flight", 0, "the parallel consumer's MaxInFlightPerPartition (default: the library's)")
+	fs.IntVar(&o.kafkaPool, "kafka-pool", 16, "the database pool of the kafka scenario's parallel variants (the others get partitions+2)")
 	fs.IntVar(&o.sqlQueueBatch, "sqlqueue-batch", 32, "the sqlqueue scenario's batched variants' SubscribeBatchSize (watermillsql.NewSubscriber); 1 leaves them out")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the results and ratios as Markdown tables to this file")
 	if err := fs.Parse(args); err != nil {
@@ -162,6 +175,15 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o.workers = []int{1, 2}
 	default:
 		o.workers = []int{1, 8, 32}
+	}
+	for _, v := range splitList(kafkaVariantList) {
+		if !slices.Contains(kafkaVariants, v) {
+			errs = append(errs, fmt.Errorf("--kafka-variants: unknown variant %q (%s)", v, strings.Join(kafkaVariants, ", ")))
+		}
+		o.kafkaVariants = append(o.kafkaVariants, v)
+	}
+	if o.kafkaPool < 1 {
+		errs = append(errs, fmt.Errorf("--kafka-pool %d is not positive", o.kafkaPool))
 	}
 	for _, p := range splitList(partitionList) {
 		n, err := strconv.Atoi(p)

@@ -58,6 +58,12 @@ func (t target) met(v float64) bool {
 // targetFor returns the target of a ratio, if it has one.
 func targetFor(r ratio) (target, bool) {
 	switch name := r.name; {
+	case name == "kafka_parallel_vs_plain" && r.workers <= 4:
+		return target{atLeast: true, value: 3.0, dialect: "pg", workers: r.workers}, true
+	case name == "kafka_parallel_vs_plain":
+		return target{atLeast: true, value: 2.0, dialect: "pg", workers: r.workers}, true
+	case name == "kafka_parallel_group_pgx_vs_plain" && r.workers <= 4:
+		return target{atLeast: true, value: 4.0, dialect: "pg", workers: r.workers}, true
 	case name == "kafka_group_vs_plain" && r.workers >= 16:
 		return target{atLeast: true, value: 1.0, dialect: "pg", workers: r.workers}, true
 	case name == "group_pgx_vs_plain" && r.workers >= 32:
@@ -122,6 +128,10 @@ func (b *bench) ratios() []ratio {
 			throughput("kafka_inboxmill_vs_plain", "kafka_inboxmill", "kafka_plain", dialect, parts)
 			withLatency("kafka_group_vs_plain", "kafka_group", "kafka_plain", dialect, parts)
 			withLatency("kafka_group_pgx_vs_plain", "kafka_group_pgx", "kafka_plain", dialect, parts)
+			withLatency("kafka_parallel_plain_vs_plain", "kafka_parallel_plain", "kafka_plain", dialect, parts)
+			withLatency("kafka_parallel_vs_plain", "kafka_parallel", "kafka_plain", dialect, parts)
+			withLatency("kafka_parallel_group_vs_plain", "kafka_parallel_group", "kafka_plain", dialect, parts)
+			withLatency("kafka_parallel_group_pgx_vs_plain", "kafka_parallel_group_pgx", "kafka_plain", dialect, parts)
 		}
 		throughput("sqlqueue_inboxmill_vs_plain", "sqlqueue_inboxmill", "sqlqueue_plain", dialect, 1)
 		throughput("sqlqueue_inboxmill_batch_vs_plain_batch", "sqlqueue_inboxmill_batch", "sqlqueue_plain_batch", dialect, 1)
