@@ -13,6 +13,14 @@
 //	docker compose up -d
 //	go run ./examples/kafka -brokers localhost:9092 -dsn 'postgres://postgres@localhost:5432/test?sslmode=disable'
 //
+// With -parallel N the consumer is the parallel one (package
+// dedup/kafkaparallel): up to N messages of each partition run at once,
+// those of one record key (here the event ID, by which the producer
+// partitions) one after the other, and each partition commits its low
+// watermark. The outcome is the same, faster:
+//
+//	go run ./examples/kafka -parallel 32
+//
 // Run it again: the inbox persists in PostgreSQL, so the republished events
 // are all duplicates and nothing ships twice (executed=0), as the
 // program's note at the start says. -reset drops its tables first and
@@ -36,6 +44,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/kafkaparallel"
 	"github.com/inboxmill/inboxmill/examples/internal/kafkaex"
 	"github.com/inboxmill/inboxmill/examples/internal/rerun"
 	"github.com/inboxmill/inboxmill/examples/internal/shop"
@@ -66,6 +75,8 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		runDeadline.Min, runDeadline.PerEvent))
 	fs.BoolVar(&cfg.reset, "reset", false,
 		"drop the example's tables first (the inbox and the shipments) and start over; Kafka topics and offsets are kept")
+	fs.IntVar(&cfg.parallel, "parallel", 0,
+		"consume with the parallel consumer, up to this many messages of a partition at once, one at a time per record key (0: watermill-kafka's subscriber, one per partition)")
 	fs.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -90,7 +101,7 @@ var runDeadline = rerun.Deadline{Min: 2 * time.Minute, PerEvent: 20 * time.Milli
 type config struct {
 	brokers, dsn, topic, group string
 	inboxTable, shipmentsTable string
-	events                     int
+	events, parallel           int
 	reset, verbose             bool
 }
 
@@ -173,13 +184,24 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	defer publisher.Close()
-	subscriber, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+	kcfg := kafka.SubscriberConfig{
 		Brokers:               brokers,
 		Unmarshaler:           kafka.DefaultMarshaler{},
 		ConsumerGroup:         cfg.group,
 		OverwriteSaramaConfig: kafkaex.SubscriberConfig(),
 		NackResendSleep:       10 * time.Millisecond,
-	}, logger)
+	}
+	var subscriber message.Subscriber
+	if cfg.parallel > 0 {
+		// The same settings; messages of a partition run concurrently,
+		// ordered per record key, and the partition's committed offset is
+		// the first one not done: what a crash sends again above it, the
+		// inbox acknowledges as duplicates.
+		subscriber, err = kafkaparallel.NewSubscriber(kcfg, kafkaparallel.Config{MaxInFlightPerPartition: cfg.parallel}, logger)
+		fmt.Fprintf(out, "kafka: parallel consumer, up to %d messages per partition at once, ordered per record key\n", cfg.parallel)
+	} else {
+		subscriber, err = kafka.NewSubscriber(kcfg, logger)
+	}
 	if err != nil {
 		return sum, err
 	}

@@ -70,6 +70,14 @@ func TestKafkaExample(t *testing.T) {
 	require.Equal(t, first, sum, "after -reset every event ships again, once")
 	require.Contains(t, out.String(), "reset: dropped the inbox "+cfg.inboxTable+" and "+cfg.shipmentsTable+"\n")
 	require.Contains(t, out.String(), "holds no records from earlier runs\n")
+
+	// The parallel consumer: the same faults, the same outcome.
+	out.Reset()
+	cfg.parallel = 32
+	sum, err = run(ctx, cfg, &out)
+	require.NoError(t, err, out.String())
+	require.Equal(t, first, sum, "with -parallel every event ships once, as without")
+	require.Contains(t, out.String(), "kafka: parallel consumer, up to 32 messages per partition at once")
 }
 
 // An error names the database it could not reach without its password.
