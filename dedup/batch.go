@@ -54,13 +54,17 @@ type Batch struct {
 	// Statements is how many statements of each kind (reservations,
 	// completions) run at once. Items that arrive while every one is busy
 	// join the next: fewer make larger batches, more keep more in
-	// flight. Defaults to DefaultBatchStatements (2); 1 where the database
-	// has one writer at a time (SQLite).
+	// flight.
+	//
+	// Defaults to 0, adaptive, for each kind on its own: every item has
+	// a statement of its own, as without batches, until a trial of fewer
+	// statements at once lowers the items' mean latency (see
+	// Group.Coordinators, which adapts the same way); BatchStats says how
+	// many are in force. Where batches cannot gain, as on SQLite, whose
+	// one writer the handlers' writes wait for too, the trials lose and
+	// batches stay out of the way. A positive number fixes it.
 	Statements int
 }
-
-// DefaultBatchStatements is Batch.Statements' default.
-const DefaultBatchStatements = 2
 
 func (b Batch) withDefaults() Batch {
 	if b.MaxSize == 0 {
@@ -89,6 +93,13 @@ type BatchStats struct {
 	// completions in batches not sent yet (forming, lingering, or waiting
 	// for a statement to end).
 	ReservesWaiting, CompletesWaiting int
+	// ReserveStatements and CompleteStatements are how many statements of
+	// each kind may run at once now; 0 when every item may have its own
+	// (the adaptive default before batching paid). Trials and Kept count
+	// the adaptive trials of another number, of both kinds, and those
+	// kept.
+	ReserveStatements, CompleteStatements int
+	Trials, Kept                          uint64
 }
 
 // BatchStats returns the batch counts so far; all zero without
@@ -97,10 +108,13 @@ func (d *Deduplicator) BatchStats() BatchStats {
 	if d.rb == nil {
 		return BatchStats{}
 	}
+	rl, rt, rk := d.rb.reserves.slots.stats()
+	cl, ct, ck := d.rb.completes.slots.stats()
 	return BatchStats{
 		ReserveBatches: d.rb.reserves.batches.Load(), Reservations: d.rb.reserves.items.Load(),
 		CompleteBatches: d.rb.completes.batches.Load(), Completions: d.rb.completes.items.Load(),
 		ReservesWaiting: d.rb.reserves.queued(), CompletesWaiting: d.rb.completes.queued(),
+		ReserveStatements: rl, CompleteStatements: cl, Trials: rt + ct, Kept: rk + ck,
 	}
 }
 
@@ -121,11 +135,12 @@ type batchItem interface{ wait() *waiter }
 
 // batcher gathers the items of deliveries that arrive together and hands
 // each batch to run, in the call of the delivery that opened it (its
-// leader), at most cap(sem) at once. run releases every item it is given.
+// leader), as many at once as slots allows. run releases every item it
+// is given.
 type batcher[T batchItem] struct {
 	maxSize int
 	linger  time.Duration
-	sem     chan struct{}
+	slots   *slotPool
 	run     func(items []T)
 
 	mu sync.Mutex
@@ -134,6 +149,7 @@ type batcher[T batchItem] struct {
 	expected int
 	open     *forming[T]
 	waiting  int // items joined and not sent yet
+	inPool   int // items joined and not released yet
 
 	batches, items atomic.Uint64
 }
@@ -143,8 +159,8 @@ type forming[T any] struct {
 	kick  chan struct{}
 }
 
-func newBatcher[T batchItem](b Batch, statements int, run func([]T)) *batcher[T] {
-	return &batcher[T]{maxSize: b.MaxSize, linger: b.MaxLinger, sem: make(chan struct{}, statements), run: run}
+func newBatcher[T batchItem](b Batch, run func([]T)) *batcher[T] {
+	return &batcher[T]{maxSize: b.MaxSize, linger: b.MaxLinger, slots: newSlotPool(b.Statements, unbounded), run: run}
 }
 
 // expect announces a delivery that will join (or withdraw).
@@ -181,10 +197,13 @@ func kickForming[T any](f *forming[T]) {
 // join adds item to the forming batch and waits for its release;
 // expected says whether it was announced.
 func (b *batcher[T]) join(item T, expected bool) {
+	start := time.Now()
 	b.mu.Lock()
 	if expected {
 		b.expected--
 	}
+	b.inPool++
+	b.slots.demand(b.inPool)
 	f, lead := b.open, false
 	if f == nil {
 		f, lead = &forming[T]{kick: make(chan struct{}, 1)}, true
@@ -204,13 +223,17 @@ func (b *batcher[T]) join(item T, expected bool) {
 		b.lead(f)
 	}
 	<-item.wait().done
+	b.mu.Lock()
+	b.inPool--
+	b.mu.Unlock()
+	b.slots.done(time.Since(start))
 }
 
 // lead waits for a statement slot, lets the batch fill while it lingers,
 // and runs it.
 func (b *batcher[T]) lead(f *forming[T]) {
-	b.sem <- struct{}{}
-	defer func() { <-b.sem }()
+	b.slots.take()
+	defer b.slots.put()
 	var expired <-chan time.Time
 	if b.linger > 0 {
 		t := time.NewTimer(b.linger)
@@ -291,15 +314,8 @@ type completeItem struct {
 func (it *completeItem) wait() *waiter { return &it.waiter }
 
 func newReserveBatches(store *inbox.Store, cfg Batch) *reserveBatches {
-	n := cfg.Statements
-	if n == 0 {
-		n = DefaultBatchStatements
-		if store.Dialect().Capabilities().SingleWriter {
-			n = 1
-		}
-	}
-	rb := &reserveBatches{completes: newBatcher(cfg, n, func(items []*completeItem) { completeBatch(store, items) })}
-	rb.reserves = newBatcher(cfg, n, func(items []*reserveItem) { reserveBatch(store, rb.completes, items) })
+	rb := &reserveBatches{completes: newBatcher(cfg, func(items []*completeItem) { completeBatch(store, items) })}
+	rb.reserves = newBatcher(cfg, func(items []*reserveItem) { reserveBatch(store, rb.completes, items) })
 	return rb
 }
 

@@ -31,14 +31,17 @@ func TestConformance(t *testing.T) {
 // on for every transactional test and batches on for every reserve-mode
 // test, on every database and driver: one run for both, as each setting
 // changes only its own mode's tests (TestConformance covers both off).
+// Coordinators and Statements are fixed low, so that deliveries in flight
+// together form groups and batches: the adaptive default lets them run
+// alone until grouping pays, which is the path TestConformance runs.
 func TestConformanceGroupsAndBatches(t *testing.T) {
 	testdb.EachMode(t, func(t *testing.T, kind testdb.Kind, prepare inbox.Prepare) {
 		deduptest.Run(t, deduptest.Harness{
 			Dialect: testdb.Dialect(kind),
 			DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, kind) },
 			Prepare: prepare,
-			Group:   &dedup.Group{},
-			Batch:   &dedup.Batch{},
+			Group:   &dedup.Group{Coordinators: 2},
+			Batch:   &dedup.Batch{Statements: 1},
 		})
 	})
 }
@@ -53,7 +56,7 @@ func TestConformanceGroupPipeline(t *testing.T) {
 				Dialect: testdb.Dialect(testdb.PostgresPGX),
 				DB:      func(t testing.TB) *sql.DB { return testdb.Open(t, testdb.PostgresPGX) },
 				Prepare: prepare,
-				Group:   &dedup.Group{Pipeline: pgxgroup.Pipeline()},
+				Group:   &dedup.Group{Pipeline: pgxgroup.Pipeline(), Coordinators: 2},
 			})
 		})
 	}
@@ -64,7 +67,7 @@ func TestConformanceGroupPipeline(t *testing.T) {
 // group commit, the event time read from the message.
 func TestConformancePartitioned(t *testing.T) {
 	for _, kind := range []testdb.Kind{testdb.PostgresPGX} {
-		for _, group := range []*dedup.Group{nil, {}} {
+		for _, group := range []*dedup.Group{nil, {Coordinators: 2}} {
 			name := string(kind)
 			if group != nil {
 				name += "/group"

@@ -67,11 +67,18 @@ type Group struct {
 	// Coordinators is how many groups run at once, each in a transaction
 	// (and on a connection) of its own. Deliveries that arrive while every
 	// coordinator is busy join the next group: fewer coordinators make
-	// larger groups, more keep more commits in flight. Defaults to
-	// DefaultGroupCoordinators (4); to DefaultPipelineCoordinators (2)
-	// with a Pipeline, whose groups are shorter, so that fewer
-	// coordinators keep them larger; and to 1 where the database has one
-	// writer at a time (inbox.Capabilities.SingleWriter: SQLite).
+	// larger groups, more keep more commits in flight.
+	//
+	// Defaults to 0, adaptive: every delivery runs alone, as without
+	// groups, until a trial of fewer coordinators (for one epoch of a few
+	// hundred deliveries) lowers the deliveries' mean latency — which,
+	// for a consumer that takes its next message when one is done, is
+	// raising its throughput; trials go on in both directions, less often
+	// after each that loses, so the number follows the load and grouping
+	// stays off where it would only make deliveries wait
+	// (GroupStats.Coordinators says how many are in force). Where the
+	// database has one writer at a time (inbox.Capabilities.SingleWriter:
+	// SQLite) the default is 1, fixed. A positive number fixes it.
 	Coordinators int
 
 	// Pipeline, when set, sends each group's statements in pipelines:
@@ -87,12 +94,8 @@ type Group struct {
 
 // Defaults of Group's settings.
 const (
-	DefaultGroupMaxSize      = 64
-	DefaultGroupLinger       = 2 * time.Millisecond
-	DefaultGroupCoordinators = 4
-	// DefaultPipelineCoordinators is Coordinators' default with a
-	// Pipeline.
-	DefaultPipelineCoordinators = 2
+	DefaultGroupMaxSize = 64
+	DefaultGroupLinger  = 2 * time.Millisecond
 )
 
 func (g Group) withDefaults() Group {
@@ -130,9 +133,9 @@ func validateGathering(what string, size int, linger time.Duration, slots string
 // group (its leader) runs it in its own call, and hands it to a goroutine
 // of its own, which ends with the group, once the leader has its result.
 type grouper struct {
-	d   *Deduplicator
-	cfg Group
-	sem chan struct{} // one slot per coordinator
+	d     *Deduplicator
+	cfg   Group
+	slots *slotPool // one slot per coordinator
 	// savepoints isolates each member's handler under a savepoint instead
 	// of rolling the group back when one fails. Off: it costs two round
 	// trips per member while rolling back costs nothing until a handler
@@ -145,8 +148,9 @@ type grouper struct {
 	// waiting counts members whose group has not begun (under mu).
 	waiting int
 	// groups and members count the group transactions begun and their
-	// members (under mu).
-	groups, members uint64
+	// members, solo the deliveries that found a coordinator free and no
+	// group forming and so ran alone, as without groups (under mu).
+	groups, members, solo uint64
 }
 
 // GroupStats describe the groups of a Deduplicator with group commit.
@@ -159,6 +163,15 @@ type GroupStats struct {
 	// again without a failed member counting again; Members counts their
 	// members. Members / Groups is the mean group size.
 	Groups, Members uint64
+	// Solo counts the deliveries that ran alone, as without group commit:
+	// a coordinator was free and no group was forming.
+	Solo uint64
+	// Coordinators is how many groups may run at once now; 0 when every
+	// delivery may run at once (the adaptive default before grouping
+	// paid). Trials counts the adaptive trials of another number and
+	// Kept those that were kept (see Group.Coordinators).
+	Coordinators int
+	Trials, Kept uint64
 }
 
 // GroupStats returns the group commit counts so far; all zero without
@@ -168,9 +181,11 @@ func (d *Deduplicator) GroupStats() GroupStats {
 		return GroupStats{}
 	}
 	g := d.grp
+	limit, trials, kept := g.slots.stats()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return GroupStats{Waiting: g.waiting, Groups: g.groups, Members: g.members}
+	return GroupStats{Waiting: g.waiting, Groups: g.groups, Members: g.members, Solo: g.solo,
+		Coordinators: limit, Trials: trials, Kept: kept}
 }
 
 type group struct {
@@ -196,17 +211,11 @@ type member struct {
 }
 
 func newGrouper(d *Deduplicator, cfg Group) *grouper {
-	if cfg.Coordinators == 0 {
-		switch {
-		case d.store.Dialect().Capabilities().SingleWriter:
-			cfg.Coordinators = 1
-		case cfg.Pipeline != nil:
-			cfg.Coordinators = DefaultPipelineCoordinators
-		default:
-			cfg.Coordinators = DefaultGroupCoordinators
-		}
+	fixed := cfg.Coordinators
+	if fixed == 0 && d.store.Dialect().Capabilities().SingleWriter {
+		fixed = 1
 	}
-	return &grouper{d: d, cfg: cfg, sem: make(chan struct{}, cfg.Coordinators)}
+	return &grouper{d: d, cfg: cfg, slots: newSlotPool(fixed, unbounded)}
 }
 
 // enter and leave count the deliveries in the middleware: a forming
@@ -214,7 +223,9 @@ func newGrouper(d *Deduplicator, cfg Group) *grouper {
 func (g *grouper) enter() {
 	g.mu.Lock()
 	g.busy++
+	busy := g.busy
 	g.mu.Unlock()
+	g.slots.demand(busy)
 }
 
 func (g *grouper) leave() {
@@ -233,10 +244,25 @@ func kick(gr *group) {
 	}
 }
 
-// do runs one delivery as a member of a group and returns its result.
+// do runs one delivery: alone, as without groups, when a coordinator is
+// free and no group is forming (never with a Pipeline, whose handlers
+// queue on a group's session); as a member of a group otherwise.
 func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) ([]*message.Message, Outcome, error) {
+	start := time.Now()
 	m := &member{msg: msg, ctx: msg.Context(), h: h, id: id, done: make(chan struct{})}
 	g.mu.Lock()
+	if g.open == nil && g.cfg.Pipeline == nil && g.slots.tryTake() {
+		g.held++ // not in a group, and no group waits for it
+		g.solo++
+		g.mu.Unlock()
+		out, outcome, err := g.d.alone(msg, h, id)
+		g.slots.put()
+		g.mu.Lock()
+		g.held--
+		g.mu.Unlock()
+		g.slots.done(time.Since(start))
+		return out, outcome, err
+	}
 	gr, lead := g.open, false
 	if gr == nil {
 		gr, lead = &group{kick: make(chan struct{}, 1)}, true
@@ -259,6 +285,7 @@ func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) (
 	g.mu.Lock()
 	g.held--
 	g.mu.Unlock()
+	g.slots.done(time.Since(start))
 	var pe *PermanentError
 	if errors.As(m.err, &pe) {
 		return g.d.recordPermanent(m.ctx, msg, id, pe, m.err)
@@ -277,7 +304,7 @@ func (g *grouper) seal(gr *group) {
 // lead waits for a coordinator, lets the group fill while it lingers, and
 // drives it.
 func (g *grouper) lead(gr *group) {
-	g.sem <- struct{}{} // freed by drive
+	g.slots.take() // freed by drive
 	var expired <-chan time.Time
 	if g.cfg.MaxLinger > 0 {
 		t := time.NewTimer(g.cfg.MaxLinger)
@@ -370,7 +397,7 @@ func (g *grouper) drive(r *groupRun, inline bool) {
 				g.release(m, nil, OutcomeRetry, err)
 			}
 		}
-		<-g.sem
+		g.slots.put()
 	}()
 	for g.step(r) {
 		if inline && released(r.members[0]) {

@@ -101,7 +101,7 @@ func TestGroupSavepointsNackOnlyTheFailedMember(t *testing.T) {
 			for _, savepoints := range []bool{false, true} {
 				e := newGroupEnv(t, kind)
 				d, err := New(e.store, Config{Key: KeyFromMetadata("event_id"), Operation: "op", Logger: watermill.NopLogger{},
-					Mode: Transactional{Group: &Group{}}})
+					Mode: Transactional{Group: &Group{Coordinators: 2}}})
 				require.NoError(t, err)
 				d.grp.savepoints = savepoints
 				const n, every = 200, 7
@@ -128,7 +128,7 @@ func BenchmarkGroupFailures(b *testing.B) {
 				b.Run(name, func(b *testing.B) {
 					e := newGroupEnv(b, kind)
 					d, err := New(e.store, Config{Key: KeyFromMetadata("event_id"), Operation: "op", Logger: watermill.NopLogger{},
-						Mode: Transactional{Group: &Group{}}})
+						Mode: Transactional{Group: &Group{Coordinators: 4}}})
 					require.NoError(b, err)
 					d.grp.savepoints = savepoints
 					e.deliverFailing(b, d, "warm-", 64, 32, every)

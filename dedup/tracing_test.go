@@ -417,22 +417,45 @@ func TestTracingGlobalProviderInstalledLater(t *testing.T) {
 // them, and its own handler.
 func TestTracingGroup(t *testing.T) {
 	t.Parallel()
-	tr := setupTraced(t, dedup.Config{Mode: dedup.Transactional{Group: &dedup.Group{MaxLinger: time.Second}}})
-	h := tr.d.Middleware(noopHandler)
+	tr := setupTraced(t, dedup.Config{Mode: dedup.Transactional{Group: &dedup.Group{MaxLinger: time.Second, Coordinators: 1}}})
+	// The first delivery takes the one coordinator alone and holds it
+	// until the others have formed a group behind it.
+	release := make(chan struct{})
+	h := tr.d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		if msg.Metadata.Get("event_id") == "k-0" {
+			<-release
+		}
+		return nil, nil
+	})
 	keys := []string{"k-1", "k-2", "k-3", "k-4"}
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, err := h(obsMsg("k-0", `{"amount":1}`))
+		require.NoError(t, err)
+	})
+	require.Eventually(t, func() bool { return tr.d.GroupStats().Solo == 1 }, 10*time.Second, time.Millisecond)
 	for _, k := range keys {
 		wg.Go(func() {
 			_, err := h(obsMsg(k, `{"amount":1}`))
 			require.NoError(t, err)
 		})
 	}
+	require.Eventually(t, func() bool { return tr.d.GroupStats().Waiting == len(keys) }, 10*time.Second, time.Millisecond)
+	close(release)
 	wg.Wait()
 	byTrace := map[trace.TraceID][]sdktrace.ReadOnlySpan{}
 	for _, s := range tr.rec.Ended() {
 		byTrace[s.SpanContext().TraceID()] = append(byTrace[s.SpanContext().TraceID()], s)
 	}
-	require.Len(t, byTrace, len(keys), "one trace per delivery")
+	require.Len(t, byTrace, len(keys)+1, "one trace per delivery")
+	for id, spans := range byTrace {
+		if _, grouped := attrs(spans[0])["inboxmill.group_members"]; !grouped {
+			// The delivery that ran alone: an ungrouped trace.
+			require.Equal(t, []string{"inboxmill.claim", "inboxmill.handler", "inboxmill.commit", "inboxmill.delivery"}, names(spans))
+			delete(byTrace, id)
+		}
+	}
+	require.Len(t, byTrace, len(keys), "the others shared one group")
 	for _, spans := range byTrace {
 		require.Equal(t, []string{"inboxmill.claim", "inboxmill.handler", "inboxmill.commit", "inboxmill.delivery"}, names(spans))
 		delivery := spans[3]

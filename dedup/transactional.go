@@ -27,6 +27,14 @@ func (d *Deduplicator) transactional(msg *message.Message, h message.HandlerFunc
 	if d.grp != nil {
 		return d.grp.do(msg, h, id)
 	}
+	return d.alone(msg, h, id)
+}
+
+// alone runs one delivery in a transaction of its own.
+func (d *Deduplicator) alone(msg *message.Message, h message.HandlerFunc, id identity) (
+	[]*message.Message, Outcome, error,
+) {
+	ctx := msg.Context()
 	if d.shouldReadFirst() {
 		cctx, sp := d.startPhase(ctx, spanClaim, id)
 		sp.setBool(attrReadFirst, true)

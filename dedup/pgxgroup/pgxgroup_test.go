@@ -260,7 +260,7 @@ func TestEarlierMemberFailingWhenSentEarlyIsTheOneNacked(t *testing.T) {
 
 func TestManyConcurrentDeliveriesWithDuplicatesHaveOneEffectEach(t *testing.T) {
 	t.Parallel()
-	f := setup(t, dedup.Group{})
+	f := setup(t, dedup.Group{Coordinators: 2})
 	const keys, copies = 200, 3
 	var wg sync.WaitGroup
 	errs := make(chan error, keys*copies)

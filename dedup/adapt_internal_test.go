@@ -1,0 +1,165 @@
+package dedup
+
+import (
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// simulate runs epochs of a on a system whose mean latency at a limit is
+// lat(limit), with ±noise (a share) of random error on every sample and
+// peak deliveries in flight, and returns the limit in force in each epoch.
+func simulate(a *adaptive, rng *rand.Rand, peak int, noise float64, lat func(limit int) float64, epochs int) []int {
+	now := time.Unix(0, 0)
+	var history []int
+	for range epochs {
+		history = append(history, a.limit)
+		a.peak = peak
+		for {
+			l := lat(min(a.limit, peak)) * (1 + noise*(2*rng.Float64()-1))
+			now = now.Add(10 * time.Microsecond)
+			a.sample(time.Duration(l*float64(time.Microsecond)), now)
+			if a.n == 0 {
+				break
+			}
+		}
+	}
+	return history
+}
+
+func newAdaptiveForTest() *adaptive {
+	return &newSlotPool(0, unbounded).ctl
+}
+
+// share returns the share of history within [lo, hi].
+func share(history []int, lo, hi int) float64 {
+	n := 0
+	for _, l := range history {
+		if l >= lo && l <= hi {
+			n++
+		}
+	}
+	return float64(n) / float64(len(history))
+}
+
+// When fewer slots make larger groups that lower the latency down to an
+// optimum (four of 32 in flight here, as on PostgreSQL), the limit goes
+// there and stays near it.
+func TestAdaptiveFindsTheOptimum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	a := newAdaptiveForTest()
+	// Latency in µs at k slots with 32 in flight: 3000 alone (k=32), best
+	// at 4, worse again with one slot.
+	lat := map[int]float64{1: 2600, 2: 2200, 4: 1900, 8: 2300, 16: 2700, 32: 3000}
+	f := func(k int) float64 {
+		for _, c := range []int{1, 2, 4, 8, 16, 32} {
+			if k <= c {
+				return lat[c]
+			}
+		}
+		return lat[32]
+	}
+	h := simulate(a, rng, 32, 0.05, f, 400)
+	require.Equal(t, 4, a.incumbent, "history %v", h[:40])
+	require.Greater(t, share(h[50:], 4, 4), 0.8, "the limit left the optimum too often")
+}
+
+// When grouping only makes deliveries wait (the latency falls with every
+// slot more), the limit stays unbounded, and trials come less and less
+// often.
+func TestAdaptiveStaysOffWhereGroupsLose(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	a := newAdaptiveForTest()
+	f := func(k int) float64 { return 1000 + 4000/float64(k) } // 8 in flight
+	h := simulate(a, rng, 8, 0.05, f, 600)
+	require.Equal(t, unbounded, a.incumbent)
+	require.Greater(t, share(h, unbounded, unbounded), 0.9)
+	require.Greater(t, share(h[300:], unbounded, unbounded), 0.97, "trials kept coming: backoff %d", a.backoff)
+	require.LessOrEqual(t, a.trials, uint64(20))
+}
+
+// At a tie grouping stays off: a trial of fewer slots must gain.
+func TestAdaptivePrefersLessGroupingAtATie(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	a := newAdaptiveForTest()
+	h := simulate(a, rng, 16, 0.01, func(int) float64 { return 1000 }, 300)
+	require.Greater(t, share(h[100:], unbounded, unbounded), 0.95)
+}
+
+// A fixed limit never moves, and one delivery at a time has no group to
+// form: no trial.
+func TestAdaptiveFixedAndAlone(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	fixed := &newSlotPool(3, unbounded).ctl
+	h := simulate(fixed, rng, 32, 0.1, func(k int) float64 { return float64(1000 * k) }, 50)
+	require.Equal(t, 1.0, share(h, 3, 3))
+	alone := newAdaptiveForTest()
+	simulate(alone, rng, 1, 0.1, func(k int) float64 { return 100 }, 50)
+	require.Zero(t, alone.trials)
+}
+
+// When the load moves (the deliveries in flight double), trials resume
+// at once rather than after the backoff.
+func TestAdaptiveFollowsTheLoad(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	a := newAdaptiveForTest()
+	simulate(a, rng, 8, 0.02, func(k int) float64 { return 1000 + 4000/float64(k) }, 300)
+	require.Equal(t, unbounded, a.incumbent)
+	// At 64 in flight, groups of 8 pay.
+	f := func(k int) float64 {
+		if k <= 8 {
+			return 2000 + 500*float64(8/k)
+		}
+		return 2000 + 60*float64(k)
+	}
+	h := simulate(a, rng, 64, 0.02, f, 60)
+	require.LessOrEqual(t, a.incumbent, 8, "history %v", h)
+}
+
+// The pool hands slots to the leaders waiting, first first, and a limit
+// that grows wakes them.
+func TestSlotPoolHandsOver(t *testing.T) {
+	p := newSlotPool(1, unbounded)
+	require.True(t, p.tryTake())
+	require.False(t, p.tryTake())
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.take()
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			p.put()
+		}()
+		require.Eventually(t, func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return len(p.waiting) == i+1
+		}, time.Second, time.Millisecond)
+	}
+	p.put()
+	wg.Wait()
+	require.Equal(t, []int{0, 1, 2}, order)
+	require.True(t, p.tryTake(), "a slot is free again")
+
+	g := newSlotPool(0, unbounded)
+	g.ctl.limit = 1
+	require.True(t, g.tryTake())
+	done := make(chan struct{})
+	go func() { g.take(); close(done) }()
+	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return len(g.waiting) == 1 }, time.Second, time.Millisecond)
+	g.mu.Lock()
+	g.ctl.limit = 2
+	g.handOver()
+	g.mu.Unlock()
+	<-done
+}
