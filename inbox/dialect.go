@@ -266,11 +266,15 @@ type Queries interface {
 	// statement. See [Store.ResultLimit].
 	ResultLimit() Query
 	// Savepoint, ReleaseSavepoint and RollbackToSavepoint set, release and
-	// roll back to the savepoint [Store.WithSavepoint] puts around work in
-	// a caller's transaction.
-	Savepoint() Query
-	ReleaseSavepoint() Query
-	RollbackToSavepoint() Query
+	// roll back to the savepoint named name, which [Store.WithSavepoint]
+	// puts around work in a caller's transaction. The store chooses name
+	// (a plain identifier) and never gives two savepoints the same one, so
+	// that a savepoint set inside another is a level of its own: MySQL
+	// replaces a savepoint by a new one of the same name, where PostgreSQL
+	// and SQLite stack them.
+	Savepoint(name string) Query
+	ReleaseSavepoint(name string) Query
+	RollbackToSavepoint(name string) Query
 
 	// CreateMigrationsTable creates "<table>_migrations", which records
 	// applied schema versions, if it does not exist.

@@ -31,6 +31,10 @@ func schemaError(t *testing.T, err error) *inbox.SchemaError {
 	return se
 }
 
+// SampleSavepoint is the savepoint name [AllQueries] builds the savepoint
+// statements for: one the store could choose.
+const SampleSavepoint = "inboxmill_sp_1"
+
 // NamedQuery is one statement of a dialect with the name of the
 // [inbox.Queries] method that returns it.
 type NamedQuery struct {
@@ -42,7 +46,8 @@ type NamedQuery struct {
 // order, so that a dialect's tests can check or pin (in a
 // golden file) all of them without listing them: a statement added to the
 // interface is covered at once. Statements over several records
-// (InsertMany, SelectMany) are built for two records.
+// (InsertMany, SelectMany) are built for two records, and the savepoint
+// statements for the name SampleSavepoint.
 func AllQueries(q inbox.Queries) []NamedQuery {
 	v := reflect.ValueOf(q)
 	it := reflect.TypeFor[inbox.Queries]()
@@ -50,6 +55,11 @@ func AllQueries(q inbox.Queries) []NamedQuery {
 	for i := range out {
 		name := it.Method(i).Name
 		m := v.MethodByName(name)
+		if m.Type().NumIn() == 1 && m.Type().In(0).Kind() == reflect.String {
+			// A statement on a named object: a savepoint.
+			out[i] = NamedQuery{Name: name, Query: m.Call([]reflect.Value{reflect.ValueOf(SampleSavepoint)})[0].Interface().(inbox.Query)}
+			continue
+		}
 		if m.Type().NumIn() == 1 {
 			// A statement over several records: built for two of them.
 			rq := m.Call([]reflect.Value{reflect.ValueOf(2)})[0].Interface().(inbox.RowsQuery)

@@ -196,10 +196,12 @@ func (q queries) ResultLimit() inbox.Query {
 	return q.q(`SELECT CAST(536870912 - 65536 AS bigint)`)
 }
 
-func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
-func (q queries) ReleaseSavepoint() inbox.Query { return q.q(`RELEASE SAVEPOINT inboxmill_attempt`) }
-func (q queries) RollbackToSavepoint() inbox.Query {
-	return q.q(`ROLLBACK TO SAVEPOINT inboxmill_attempt`)
+func (q queries) Savepoint(name string) inbox.Query { return q.q("SAVEPOINT " + name) }
+func (q queries) ReleaseSavepoint(name string) inbox.Query {
+	return q.q("RELEASE SAVEPOINT " + name)
+}
+func (q queries) RollbackToSavepoint(name string) inbox.Query {
+	return q.q("ROLLBACK TO SAVEPOINT " + name)
 }
 
 func (q queries) CreateMigrationsTable() inbox.Query {
