@@ -151,7 +151,7 @@ type queries struct {
 	clock                                                                  stmt
 	createMigrations, migrationsExist, selectMigrations, selectMigration   stmt
 	insertMigration, deleteMigration, dropMigrations, lockMigrations       stmt
-	unlockMigrations                                                       stmt
+	unlockMigrations, missingTables                                        stmt
 	resultLimit                                                            stmt
 
 	listRecords, selectKeys, countByOperation, oldestPending, oldestExpiredLease stmt
@@ -200,6 +200,7 @@ func loadQueries(q Queries) (queries, error) {
 	out.dialect = q
 	get(&out.createMigrations, "CreateMigrationsTable", q.CreateMigrationsTable())
 	get(&out.migrationsExist, "MigrationsTableExists", q.MigrationsTableExists())
+	get(&out.missingTables, "MissingTables", q.MissingTables())
 	get(&out.selectMigrations, "SelectMigrations", q.SelectMigrations())
 	get(&out.selectMigration, "SelectMigration", q.SelectMigration())
 	get(&out.insertMigration, "InsertMigration", q.InsertMigration())

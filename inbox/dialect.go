@@ -282,6 +282,12 @@ type Queries interface {
 	// MigrationsTableExists returns one row whose only column counts the
 	// tables named "<table>_migrations" in the current schema (0 or 1).
 	MigrationsTableExists() Query
+	// MissingTables lists the tables the dialect's migrations create,
+	// "<table>_migrations" aside, that do not exist in the current schema:
+	// one column, the table's name; no row when all exist. [Store.Validate]
+	// runs it once every version is recorded, to notice a table dropped
+	// outside the migrations.
+	MissingTables() Query
 	// SelectMigrations lists applied versions. Columns: version.
 	SelectMigrations() Query
 	// SelectMigration counts one applied version. Args: version.

@@ -282,10 +282,21 @@ type SchemaError struct {
 	Missing []int
 	// Unknown are versions the database has and the code does not know.
 	Unknown []int
+	// MissingTables are tables of the schema that do not exist although
+	// every version of the code is recorded as applied: they were dropped
+	// outside the migrations. Only looked for when Missing is empty.
+	MissingTables []string
 }
 
 func (e *SchemaError) Error() string {
 	switch {
+	case len(e.MissingTables) > 0 && len(e.Missing) == 0 && len(e.Unknown) == 0:
+		return fmt.Sprintf("inbox: table %s: every schema version is recorded in %s_migrations, but tables %v do not exist; "+
+			"they were dropped outside the migrations: restore them, or drop %s_migrations and run the migrations again, "+
+			"which create what is missing", e.Table, e.Table, e.MissingTables, e.Table)
+	case len(e.MissingTables) > 0:
+		return fmt.Sprintf("inbox: table %s lacks schema versions %v, has unknown versions %v and lacks tables %v",
+			e.Table, e.Missing, e.Unknown, e.MissingTables)
 	case len(e.Missing) > 0 && len(e.Unknown) == 0:
 		return fmt.Sprintf("inbox: table %s lacks schema versions %v; run the migrations (Store.Migrate, or inboxmill migrate)",
 			e.Table, e.Missing)
@@ -297,9 +308,13 @@ func (e *SchemaError) Error() string {
 }
 
 // Unwrap makes errors.Is match [ErrSchemaOutdated] when versions are
-// missing, and [ErrSchemaNewer] when unknown ones are applied.
+// missing, [ErrSchemaNewer] when unknown ones are applied, and
+// [ErrTableMissing] when tables are.
 func (e *SchemaError) Unwrap() []error {
 	var errs []error
+	if len(e.MissingTables) > 0 {
+		errs = append(errs, ErrTableMissing)
+	}
 	if len(e.Missing) > 0 {
 		errs = append(errs, ErrSchemaOutdated)
 	}
@@ -310,9 +325,11 @@ func (e *SchemaError) Unwrap() []error {
 }
 
 // Validate checks that every schema version of the code is applied, and
-// no unknown one: call it at start-up to fail with a clear *SchemaError
-// (errors.Is [ErrSchemaOutdated] or [ErrSchemaNewer]) before the first
-// message fails with a missing column.
+// no unknown one, and then that the tables those versions created exist:
+// call it at start-up to fail with a clear *SchemaError (errors.Is
+// [ErrSchemaOutdated], [ErrSchemaNewer] or [ErrTableMissing]) before the
+// first message fails with a missing column or table. It reads the
+// catalog, not the columns: a table altered by hand is not noticed.
 func (s *Store) Validate(ctx context.Context) error {
 	ms, err := s.Migrations()
 	if err != nil {
@@ -339,10 +356,38 @@ func (s *Store) Validate(ctx context.Context) error {
 			e.Unknown = append(e.Unknown, v)
 		}
 	}
-	if len(e.Missing) > 0 || len(e.Unknown) > 0 {
+	if len(e.Missing) == 0 {
+		// The versions say the tables are there; a table dropped by hand
+		// leaves its version recorded.
+		if e.MissingTables, err = s.missingTables(ctx); err != nil {
+			return err
+		}
+	}
+	if len(e.Missing) > 0 || len(e.Unknown) > 0 || len(e.MissingTables) > 0 {
 		return e
 	}
 	return nil
+}
+
+// missingTables lists the schema's tables that do not exist.
+func (s *Store) missingTables(ctx context.Context) ([]string, error) {
+	rows, err := s.query(ctx, s.db, s.q.missingTables, &params{})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: validate: %w", s.Classify(err))
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, fmt.Errorf("inbox: validate: %w", err)
+		}
+		names = append(names, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: validate: %w", s.Classify(err))
+	}
+	return names, nil
 }
 
 func ignoreDone(err error) error {

@@ -217,6 +217,12 @@ func (q queries) MigrationsTableExists() inbox.Query {
 		"WHERE table_schema = DATABASE() AND table_name = '{{table}}_migrations'")
 }
 
+func (q queries) MissingTables() inbox.Query {
+	return q.q("SELECT t.name FROM (SELECT '{{table}}' AS name UNION ALL SELECT '{{table}}_audit') AS t\n" +
+		"WHERE NOT EXISTS (SELECT 1 FROM information_schema.tables\n" +
+		"\tWHERE table_schema = DATABASE() AND table_name = t.name)")
+}
+
 func (q queries) SelectMigrations() inbox.Query {
 	return q.q("SELECT version FROM `{{table}}_migrations` ORDER BY version")
 }

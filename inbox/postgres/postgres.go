@@ -217,6 +217,15 @@ func (q queries) MigrationsTableExists() inbox.Query {
 WHERE schemaname = current_schema() AND tablename = '{{table}}_migrations'`)
 }
 
+func (q queries) MissingTables() inbox.Query { return q.missingTables("{{table}}", "{{table}}_audit") }
+
+// missingTables lists which of tables (names, with the table marker) are
+// not in the current schema; pg_tables has partitioned tables too.
+func (q queries) missingTables(tables ...string) inbox.Query {
+	return q.q(`SELECT t.name FROM (VALUES ('` + strings.Join(tables, `'), ('`) + `')) AS t(name)
+WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = t.name)`)
+}
+
 func (q queries) SelectMigrations() inbox.Query {
 	return q.q(`SELECT version FROM "{{table}}_migrations" ORDER BY version`)
 }

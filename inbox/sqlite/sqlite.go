@@ -208,6 +208,11 @@ func (q queries) MigrationsTableExists() inbox.Query {
 	return q.q(`SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{{table}}_migrations'`)
 }
 
+func (q queries) MissingTables() inbox.Query {
+	return q.q(`SELECT t.name FROM (SELECT '{{table}}' AS name UNION ALL SELECT '{{table}}_audit') AS t
+WHERE NOT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND sqlite_master.name = t.name)`)
+}
+
 func (q queries) SelectMigrations() inbox.Query {
 	return q.q(`SELECT version FROM "{{table}}_migrations" ORDER BY version`)
 }
