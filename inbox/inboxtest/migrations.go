@@ -2,12 +2,15 @@ package inboxtest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"io/fs"
 	"reflect"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	"github.com/stretchr/testify/require"
 
@@ -190,6 +193,47 @@ func runMigrations(t *testing.T, h Harness) {
 		}
 	})
 
+	// A migration statement the database refuses stops Migrate with a
+	// *MigrationError that names the version, the step and the statement,
+	// and wraps the database's error unclassified as transient: running
+	// it again would fail again.
+	t.Run("AFailedStatementIsAMigrationError", func(t *testing.T) {
+		t.Parallel()
+		db := h.DB(t)
+		table := UniqueTable("inbox")
+		t.Cleanup(func() {
+			for _, tbl := range inbox.TableNames(table) {
+				_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
+			}
+		})
+		broken := withMigration(t, h.Dialect, 900, "broken",
+			"SELECT 1;\nSELECT * FROM {{table}}_no_such_table;\n", "SELECT 1;\n")
+		s, err := inbox.NewStore(db, broken, h.config(table))
+		require.NoError(t, err)
+		closeStore(t, s)
+		err = s.Migrate(context.Background())
+		require.Error(t, err)
+		var me *inbox.MigrationError
+		require.ErrorAs(t, err, &me)
+		require.Equal(t, table, me.Table)
+		require.Equal(t, 900, me.Version)
+		require.Equal(t, "broken", me.Name)
+		require.False(t, me.Down)
+		require.Equal(t, inbox.MigrateStatement, me.Step)
+		require.Equal(t, 2, me.Statement, "the second statement of the file")
+		require.Error(t, me.Err)
+		require.False(t, inbox.IsRetryable(err), "a statement the database refuses is no transient failure: %v", err)
+		require.Contains(t, err.Error(), "version 900 (broken)")
+		require.Contains(t, err.Error(), "statement 2")
+		require.Contains(t, err.Error(), "no_such_table", "the database's own error is in the message")
+
+		vs, err := s.AppliedMigrations(context.Background())
+		require.NoError(t, err)
+		ms, err := b0Store(t, db, h, table).Migrations()
+		require.NoError(t, err)
+		require.Equal(t, versions(ms), vs, "the versions before it are applied, it is not")
+	})
+
 	t.Run("MigrateToALowerVersionThenMigrate", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, h)
@@ -316,6 +360,41 @@ func runMigrations(t *testing.T, h Harness) {
 			}
 		}
 	})
+}
+
+// withMigration returns d with one more migration, version v, whose files
+// are up and down.
+func withMigration(t *testing.T, d inbox.Dialect, v int, name, up, down string) inbox.Dialect {
+	t.Helper()
+	files := fstest.MapFS{}
+	require.NoError(t, fs.WalkDir(d.Migrations(), ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		body, err := fs.ReadFile(d.Migrations(), p)
+		files[p] = &fstest.MapFile{Data: body}
+		return err
+	}))
+	files[fmt.Sprintf("%03d_%s.up.sql", v, name)] = &fstest.MapFile{Data: []byte(up)}
+	files[fmt.Sprintf("%03d_%s.down.sql", v, name)] = &fstest.MapFile{Data: []byte(down)}
+	return extraMigrations{Dialect: d, files: files}
+}
+
+// extraMigrations is a dialect whose migrations are files.
+type extraMigrations struct {
+	inbox.Dialect
+	files fs.FS
+}
+
+func (d extraMigrations) Migrations() fs.FS { return d.files }
+
+// b0Store is a store over table with the harness's own dialect.
+func b0Store(t *testing.T, db *sql.DB, h Harness, table string) *inbox.Store {
+	t.Helper()
+	s, err := inbox.NewStore(db, h.Dialect, h.config(table))
+	require.NoError(t, err)
+	closeStore(t, s)
+	return s
 }
 
 // claimWorks claims key through s, which needs the table in place.
