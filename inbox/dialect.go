@@ -263,7 +263,11 @@ type Queries interface {
 	// in bytes, of the largest result the Finish statement stores on this
 	// connection: the database's limit on one value or one statement
 	// (MySQL's max_allowed_packet), less a margin for the rest of the
-	// statement. See [Store.ResultLimit].
+	// statement. It may bind ArgResult, a short sample result the store
+	// sends as SQL text with arguments, the way a caller's transaction
+	// sends a result, so that the statement can tell how the driver sends
+	// one (MySQL's driver either binds it or, with interpolateParams,
+	// escapes it into the text). See [Store.ResultLimit].
 	ResultLimit() Query
 	// Savepoint, ReleaseSavepoint and RollbackToSavepoint set, release and
 	// roll back to the savepoint named name, which [Store.WithSavepoint]

@@ -189,11 +189,16 @@ func (q queries) Clock() inbox.Query {
 
 func (q queries) ResultLimit() inbox.Query {
 	// max_allowed_packet bounds one packet. Bound as a parameter of a
-	// server-side prepared statement (the driver's default) the result is
-	// sent on its own, but with interpolateParams=true the driver writes
-	// it into the statement's text escaped, up to twice its size: half the
-	// packet, less inbox.ResultMargin for the rest of the statement.
-	return q.q("SELECT CAST(@@max_allowed_packet AS SIGNED) DIV 2 - 65536")
+	// server-side prepared statement (the driver's default, and every
+	// statement the store prepares) the result is sent in packets of its
+	// own, and may take the whole packet less inbox.ResultMargin for the
+	// rest of the statement. With interpolateParams=true the driver writes
+	// it into the statement's text instead, escaped, up to twice its size:
+	// half the packet. The sample result bound here tells which: the
+	// driver interpolates a []byte as a _binary literal, whose CHARSET is
+	// 'binary'; bound, it is a string of the connection's character set.
+	return q.q("SELECT CAST(@@max_allowed_packet AS SIGNED) DIV IF(CHARSET(?) = 'binary', 2, 1) - 65536",
+		inbox.ArgResult)
 }
 
 func (q queries) Savepoint(name string) inbox.Query { return q.q("SAVEPOINT " + name) }
