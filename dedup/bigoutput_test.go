@@ -187,6 +187,24 @@ func TestOutputTooLargeToStoreCompletesWithoutIt(t *testing.T) {
 	}
 }
 
+// TestOutputOverHalfThePacketIsStored: on MariaDB an output between half
+// of max_allowed_packet and the whole packet (10 MiB at the default 16
+// MiB) is bound as a statement parameter, which takes it: it is stored
+// and replayed to a duplicate, in both modes, not dropped.
+func TestOutputOverHalfThePacketIsStored(t *testing.T) {
+	modes := map[string]dedup.Mode{"transactional": nil, "reserve": dedup.Reserve{InFlightPoll: 5 * time.Millisecond}}
+	for name, mode := range modes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := newOutputCase(t, testdb.MySQL, inbox.Config{}, mode)
+			var packet int
+			require.NoError(t, c.db.QueryRow("SELECT @@max_allowed_packet").Scan(&packet))
+			c.size = packet/2 + packet/8
+			c.requireStored(t, c.handler(), "over-half")
+		})
+	}
+}
+
 // TestOutputUnderTheDatabasesLimitIsStored: without Config.MaxResult,
 // PostgreSQL and SQLite store and replay a 20 MiB output.
 func TestOutputUnderTheDatabasesLimitIsStored(t *testing.T) {

@@ -78,9 +78,10 @@
 // # Output too large to store
 //
 // Output is stored with the record only when it fits the store's limit
-// ([inbox.Store.ResultLimit]: half of max_allowed_packet on MySQL and
-// MariaDB, 8 MiB less a margin by default on MariaDB 10.11; 512 MiB on
-// PostgreSQL; about 1 GB on SQLite; lower with inbox.Config.MaxResult). A
+// ([inbox.Store.ResultLimit]: max_allowed_packet less a margin on MySQL
+// and MariaDB, 16 MiB less 64 KiB by default on MariaDB 10.11, and half of
+// that when the DSN sets interpolateParams=true; 512 MiB on PostgreSQL;
+// about 1 GB on SQLite; lower with inbox.Config.MaxResult). A
 // larger output is never sent to the database, which would refuse it at
 // every attempt (MySQL closes the connection, losing the transaction, so
 // the message would be redelivered for ever). Instead the intent completes

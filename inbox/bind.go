@@ -148,15 +148,19 @@ func (s *Store) timeArg(t time.Time) any {
 type queries struct {
 	insert, selectForClaim, selectOne, finish, takeOver, extendLease       stmt
 	selectPending, selectStale, unfinishedStats, oldestExpired, purge, del stmt
-	clock, savepoint, releaseSavepoint, rollbackToSavepoint                stmt
+	clock                                                                  stmt
 	createMigrations, migrationsExist, selectMigrations, selectMigration   stmt
 	insertMigration, deleteMigration, dropMigrations, lockMigrations       stmt
-	unlockMigrations                                                       stmt
+	unlockMigrations, missingTables                                        stmt
 	resultLimit                                                            stmt
 
 	listRecords, selectKeys, countByOperation, oldestPending, oldestExpiredLease stmt
 	countPurgeable, oldestCreated, selectForUpdate, resolve, forget              stmt
 	insertAudit, updateAuditCount, listAudit                                     stmt
+
+	// dialect builds the statements that depend on more than the table
+	// (the savepoints, by name).
+	dialect Queries
 }
 
 func loadQueries(q Queries) (queries, error) {
@@ -187,11 +191,16 @@ func loadQueries(q Queries) (queries, error) {
 	get(&out.del, "Delete", q.Delete())
 	get(&out.clock, "Clock", q.Clock())
 	get(&out.resultLimit, "ResultLimit", q.ResultLimit())
-	get(&out.savepoint, "Savepoint", q.Savepoint())
-	get(&out.releaseSavepoint, "ReleaseSavepoint", q.ReleaseSavepoint())
-	get(&out.rollbackToSavepoint, "RollbackToSavepoint", q.RollbackToSavepoint())
+	// The savepoint statements are built per savepoint, for its name
+	// (Store.WithSavepoint); checked here for one.
+	var sp stmt
+	get(&sp, "Savepoint", q.Savepoint(savepointName(0)))
+	get(&sp, "ReleaseSavepoint", q.ReleaseSavepoint(savepointName(0)))
+	get(&sp, "RollbackToSavepoint", q.RollbackToSavepoint(savepointName(0)))
+	out.dialect = q
 	get(&out.createMigrations, "CreateMigrationsTable", q.CreateMigrationsTable())
 	get(&out.migrationsExist, "MigrationsTableExists", q.MigrationsTableExists())
+	get(&out.missingTables, "MissingTables", q.MissingTables())
 	get(&out.selectMigrations, "SelectMigrations", q.SelectMigrations())
 	get(&out.selectMigration, "SelectMigration", q.SelectMigration())
 	get(&out.insertMigration, "InsertMigration", q.InsertMigration())

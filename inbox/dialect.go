@@ -263,14 +263,22 @@ type Queries interface {
 	// in bytes, of the largest result the Finish statement stores on this
 	// connection: the database's limit on one value or one statement
 	// (MySQL's max_allowed_packet), less a margin for the rest of the
-	// statement. See [Store.ResultLimit].
+	// statement. It may bind ArgResult, a short sample result the store
+	// sends as SQL text with arguments, the way a caller's transaction
+	// sends a result, so that the statement can tell how the driver sends
+	// one (MySQL's driver either binds it or, with interpolateParams,
+	// escapes it into the text). See [Store.ResultLimit].
 	ResultLimit() Query
 	// Savepoint, ReleaseSavepoint and RollbackToSavepoint set, release and
-	// roll back to the savepoint [Store.WithSavepoint] puts around work in
-	// a caller's transaction.
-	Savepoint() Query
-	ReleaseSavepoint() Query
-	RollbackToSavepoint() Query
+	// roll back to the savepoint named name, which [Store.WithSavepoint]
+	// puts around work in a caller's transaction. The store chooses name
+	// (a plain identifier) and never gives two savepoints the same one, so
+	// that a savepoint set inside another is a level of its own: MySQL
+	// replaces a savepoint by a new one of the same name, where PostgreSQL
+	// and SQLite stack them.
+	Savepoint(name string) Query
+	ReleaseSavepoint(name string) Query
+	RollbackToSavepoint(name string) Query
 
 	// CreateMigrationsTable creates "<table>_migrations", which records
 	// applied schema versions, if it does not exist.
@@ -278,6 +286,12 @@ type Queries interface {
 	// MigrationsTableExists returns one row whose only column counts the
 	// tables named "<table>_migrations" in the current schema (0 or 1).
 	MigrationsTableExists() Query
+	// MissingTables lists the tables the dialect's migrations create,
+	// "<table>_migrations" aside, that do not exist in the current schema:
+	// one column, the table's name; no row when all exist. [Store.Validate]
+	// runs it once every version is recorded, to notice a table dropped
+	// outside the migrations.
+	MissingTables() Query
 	// SelectMigrations lists applied versions. Columns: version.
 	SelectMigrations() Query
 	// SelectMigration counts one applied version. Args: version.

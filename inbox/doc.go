@@ -64,9 +64,11 @@
 // # Schema
 //
 // Each dialect ships its schema as up and down migration files;
-// [Store.Migrate] applies them ([Store.MigrateTo], [Store.MigrateDown]),
-// [Store.Validate] reports a schema older or newer than the code at
-// start-up, and [Store.Migrations] renders them for tools of your own.
+// [Store.Migrate] applies them ([Store.MigrateTo], [Store.MigrateDown];
+// a failure is a *[MigrationError] naming the version and step),
+// [Store.Validate] reports a schema older or newer than the code, or a
+// table of it dropped by hand, at start-up, and [Store.Migrations] renders
+// them for tools of your own.
 // Nothing creates schema on a first message.
 //
 // # Usage

@@ -55,6 +55,14 @@ var (
 	// ErrSchemaNewer: the database has schema versions this code does not
 	// know; it was migrated by a newer release.
 	ErrSchemaNewer = errors.New("inbox: schema is newer than the code")
+
+	// ErrTableMissing: a table the applied schema versions created does
+	// not exist; it was dropped (or renamed) outside the migrations. The
+	// versions are still recorded, so running the migrations again does
+	// not bring it back: restore it, or drop "<table>_migrations" and run
+	// them again, which creates what is missing (every migration can run
+	// over a schema it was applied to).
+	ErrTableMissing = errors.New("inbox: a table of the schema does not exist although its version is recorded")
 )
 
 // Transient wraps err with [ErrTransient] (once). Dialects use it in

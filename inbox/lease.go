@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -55,6 +56,16 @@ type ReserveResult struct {
 // calls for one key exactly one gets a Lease. An existing record with
 // another payload fingerprint yields a *ConflictError.
 //
+// The statement runs on its own, so a transient failure of it leaves
+// nothing behind and is retried in place, up to [ReserveAttempts]
+// statements a few milliseconds apart: on Galera the reservation that
+// loses to another node's of the same key fails certification (MySQL
+// error 1213), and its retry reads the winner's record, where a nack
+// would have cost a redelivery. The error returned after the last
+// attempt IsRetryable. (A lost connection may hide that the statement
+// committed; a retry then finds the reservation as another worker's, held
+// until its lease runs out, as a redelivery would.)
+//
 // The first lease a store hands out waits for the database's clock to be
 // measured ([Store.SyncClock]), so that even it is judged by that clock.
 func (s *Store) Reserve(ctx context.Context, p ReserveParams) (ReserveResult, error) {
@@ -62,16 +73,47 @@ func (s *Store) Reserve(ctx context.Context, p ReserveParams) (ReserveResult, er
 		return ReserveResult{}, err
 	}
 	s.syncBeforeLease(ctx)
-	now := s.now()
-	res, err := s.insert(ctx, s.db, "reserve", p.ID, p.PayloadHash, &params{
-		status: StatusProcessing, leaseOwner: p.Owner, leaseUntil: dbTime(now.Add(p.Lease)),
-		correlationID: p.CorrelationID, expiresAt: expiry(now, p.Retention),
-	}, p.EventTime, now)
+	var (
+		res ClaimResult
+		err error
+	)
+	pause := reserveBackoff
+	for attempt := 1; ; attempt++ {
+		now := s.now()
+		res, err = s.insert(ctx, s.db, "reserve", p.ID, p.PayloadHash, &params{
+			status: StatusProcessing, leaseOwner: p.Owner, leaseUntil: dbTime(now.Add(p.Lease)),
+			correlationID: p.CorrelationID, expiresAt: expiry(now, p.Retention),
+		}, p.EventTime, now)
+		if err == nil || !IsRetryable(err) || ctx.Err() != nil {
+			break
+		}
+		if attempt == ReserveAttempts {
+			err = fmt.Errorf("%w (%d attempts)", err, attempt)
+			break
+		}
+		// Jittered, so that two nodes that collided do not again.
+		t := time.NewTimer(pause/2 + rand.N(pause))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ReserveResult{}, err
+		case <-t.C:
+		}
+		pause *= 2
+	}
 	if err != nil || !res.Claimed {
 		return ReserveResult{Record: res.Record}, err
 	}
 	return ReserveResult{Lease: s.newLease(res.Record, p.Retention), Record: res.Record}, nil
 }
+
+// ReserveAttempts is how many times [Store.Reserve] sends its statement
+// when it fails transiently, the first time included.
+const ReserveAttempts = 4
+
+// reserveBackoff is about the pause before Reserve's first retry; it
+// doubles for each retry after it (2, 4 and 8 ms, each ±50%).
+const reserveBackoff = 2 * time.Millisecond
 
 func checkLeaseParams(owner string, lease time.Duration) error {
 	var errs []error

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -91,17 +93,22 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 // or undone without ending tx. When a savepoint statement fails — the
 // database ended the transaction (a MySQL deadlock rolls it back whole) —
 // the error wraps [ErrTxAborted]: tx must not be written through again.
+//
+// Calls nest: fn may call WithSavepoint on tx again (through this store or
+// another), and each savepoint has a name of its own, so the inner one's
+// rollback or release never touches the outer one's.
 func (s *Store) WithSavepoint(ctx context.Context, tx DBTX, fn func() error) (err error) {
-	if _, err := s.exec(ctx, tx, s.q.savepoint, &params{}); err != nil {
+	name := savepointName(savepointSeq.Add(1))
+	if _, err := s.exec(ctx, tx, stmt(s.q.dialect.Savepoint(name)), &params{}); err != nil {
 		return fmt.Errorf("inbox: savepoint: %w", s.Classify(err))
 	}
 	undo := func(cause error) error {
 		// A context already cancelled still needs the rollback to run.
 		rctx := context.WithoutCancel(ctx)
-		if _, rerr := s.exec(rctx, tx, s.q.rollbackToSavepoint, &params{}); rerr != nil {
+		if _, rerr := s.exec(rctx, tx, stmt(s.q.dialect.RollbackToSavepoint(name)), &params{}); rerr != nil {
 			return joinErrs([]error{cause, fmt.Errorf("%w: rollback to savepoint: %w", ErrTxAborted, rerr)})
 		}
-		if _, rerr := s.exec(rctx, tx, s.q.releaseSavepoint, &params{}); rerr != nil {
+		if _, rerr := s.exec(rctx, tx, stmt(s.q.dialect.ReleaseSavepoint(name)), &params{}); rerr != nil {
 			return joinErrs([]error{cause, fmt.Errorf("%w: release savepoint: %w", ErrTxAborted, rerr)})
 		}
 		return cause
@@ -117,10 +124,17 @@ func (s *Store) WithSavepoint(ctx context.Context, tx DBTX, fn func() error) (er
 	if ferr != nil {
 		return undo(ferr)
 	}
-	if _, rerr := s.exec(ctx, tx, s.q.releaseSavepoint, &params{}); rerr != nil {
+	if _, rerr := s.exec(ctx, tx, stmt(s.q.dialect.ReleaseSavepoint(name)), &params{}); rerr != nil {
 		return fmt.Errorf("%w: release savepoint: %w", ErrTxAborted, s.Classify(rerr))
 	}
 	return nil
 }
+
+// savepointSeq numbers the savepoints of every store in the process, so
+// that no two share a name, even in one transaction used by two stores.
+var savepointSeq atomic.Uint64
+
+// savepointName is the name of the n-th savepoint.
+func savepointName(n uint64) string { return "inboxmill_sp_" + strconv.FormatUint(n, 10) }
 
 var _ DBTX = (*sql.Tx)(nil)

@@ -124,13 +124,13 @@ func (s *Store) MigrateTo(ctx context.Context, target int) error {
 	if target < 0 || (target > 0 && !hasVersion(ms, target)) {
 		return fmt.Errorf("inbox: migrate: no version %d", target)
 	}
-	err = s.migrating(ctx, "migrate", func(conn *sql.Conn) error {
+	err = s.migrating(ctx, false, func(conn *sql.Conn) error {
 		for _, m := range ms {
 			if target > 0 && m.Version > target {
 				break
 			}
 			if err := s.applyMigration(ctx, conn, m, true); err != nil {
-				return fmt.Errorf("inbox: migrate: version %d (%s): %w", m.Version, m.Name, err)
+				return err
 			}
 		}
 		return nil
@@ -155,15 +155,15 @@ func (s *Store) MigrateDown(ctx context.Context, target int) error {
 	if target < 0 || (target > 0 && !hasVersion(ms, target)) {
 		return fmt.Errorf("inbox: migrate down: no version %d", target)
 	}
-	return s.migrating(ctx, "migrate down", func(conn *sql.Conn) error {
+	return s.migrating(ctx, true, func(conn *sql.Conn) error {
 		for i := len(ms) - 1; i >= 0 && ms[i].Version > target; i-- {
 			if err := s.applyMigration(ctx, conn, ms[i], false); err != nil {
-				return fmt.Errorf("inbox: migrate down: version %d (%s): %w", ms[i].Version, ms[i].Name, err)
+				return err
 			}
 		}
 		if target == 0 {
 			if _, err := s.exec(ctx, conn, s.q.dropMigrations, &params{}); err != nil {
-				return fmt.Errorf("inbox: migrate down: drop the migrations table: %w", err)
+				return s.migrationError(true, nil, MigrateDropVersions, 0, err)
 			}
 		}
 		return nil
@@ -181,10 +181,10 @@ func hasVersion(ms []Migration, v int) bool {
 
 // migrating runs f on a dedicated connection holding the migration lock,
 // with the versions table created.
-func (s *Store) migrating(ctx context.Context, what string, f func(conn *sql.Conn) error) (err error) {
+func (s *Store) migrating(ctx context.Context, down bool, f func(conn *sql.Conn) error) (err error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("inbox: %s: %w", what, s.Classify(err))
+		return s.migrationError(down, nil, MigrateConnect, 0, err)
 	}
 	defer conn.Close()
 
@@ -192,10 +192,13 @@ func (s *Store) migrating(ctx context.Context, what string, f func(conn *sql.Con
 	if s.caps.MigrationLock {
 		var got int
 		if err := s.queryRow(ctx, conn, s.q.lockMigrations, lock).Scan(&got); err != nil {
-			return fmt.Errorf("inbox: %s: take lock: %w", what, err)
+			return s.migrationError(down, nil, MigrateLock, 0, err)
 		}
 		if got != 1 {
-			return fmt.Errorf("inbox: %s: could not take lock %q", what, lock.lockName)
+			// Another process held it for the whole wait (or the database
+			// failed to grant it): a later attempt may get it.
+			return s.migrationError(down, nil, MigrateLock, 0,
+				Transient(fmt.Errorf("could not take lock %q", lock.lockName)))
 		}
 		defer func() {
 			// A fresh context: the caller's may be done, and the lock must go
@@ -203,12 +206,12 @@ func (s *Store) migrating(ctx context.Context, what string, f func(conn *sql.Con
 			var released int
 			uerr := s.queryRow(context.WithoutCancel(ctx), conn, s.q.unlockMigrations, lock).Scan(&released)
 			if uerr != nil && err == nil {
-				err = fmt.Errorf("inbox: %s: release lock: %w", what, uerr)
+				err = s.migrationError(down, nil, MigrateUnlock, 0, uerr)
 			}
 		}()
 	}
 	if _, err := s.exec(ctx, conn, s.q.createMigrations, &params{}); err != nil {
-		return fmt.Errorf("inbox: %s: create migrations table: %w", what, err)
+		return s.migrationError(down, nil, MigrateCreateVersions, 0, err)
 	}
 	return f(conn)
 }
@@ -216,20 +219,28 @@ func (s *Store) migrating(ctx context.Context, what string, f func(conn *sql.Con
 // applyMigration applies m (up) or undoes it (down) unless that was done
 // already, and records the change, in one transaction.
 func (s *Store) applyMigration(ctx context.Context, conn *sql.Conn, m Migration, up bool) (err error) {
+	fail := func(step MigrateStep, statement int, err error) error {
+		return s.migrationError(!up, &m, step, statement, err)
+	}
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return fail(MigrateBegin, 0, err)
 	}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, ignoreDone(tx.Rollback()))
+			if rerr := ignoreDone(tx.Rollback()); rerr != nil {
+				var me *MigrationError
+				if errors.As(err, &me) {
+					me.Err = errors.Join(me.Err, fmt.Errorf("roll back: %w", rerr))
+				}
+			}
 		}
 	}()
 	// Checked inside the transaction: another process may have applied the
 	// version since this one looked.
 	var n int
 	if err := s.queryRow(ctx, tx, s.q.selectMigration, &params{version: m.Version}).Scan(&n); err != nil {
-		return err
+		return fail(MigrateCheck, 0, err)
 	}
 	if (n > 0) == up {
 		return tx.Rollback()
@@ -238,15 +249,124 @@ func (s *Store) applyMigration(ctx context.Context, conn *sql.Conn, m Migration,
 	if !up {
 		body, record = m.Down, s.q.deleteMigration
 	}
-	for _, stmt := range splitStatements(body) {
+	for i, stmt := range splitStatements(body) {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return err
+			return fail(MigrateStatement, i+1, err)
 		}
 	}
 	if _, err := s.exec(ctx, tx, record, &params{version: m.Version, name: m.Name, now: s.now()}); err != nil {
-		return err
+		if up && s.recordedMeanwhile(ctx, conn, tx, m) {
+			// Another process applied and recorded the version since the
+			// check, which no lock kept apart (GET_LOCK is node-local on
+			// Galera): whatever the database called it (a duplicate key,
+			// a certification failure), running the migrations again
+			// finds the version applied.
+			err = Transient(err)
+		}
+		return fail(MigrateRecord, 0, err)
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return fail(MigrateCommit, 0, err)
+	}
+	return nil
+}
+
+// recordedMeanwhile rolls tx back and reports whether m is recorded as
+// applied now, read afresh on conn.
+func (s *Store) recordedMeanwhile(ctx context.Context, conn *sql.Conn, tx *sql.Tx, m Migration) bool {
+	if ignoreDone(tx.Rollback()) != nil {
+		return false
+	}
+	var n int
+	err := s.queryRow(ctx, conn, s.q.selectMigration, &params{version: m.Version}).Scan(&n)
+	return err == nil && n > 0
+}
+
+// MigrateStep names the step of [Store.Migrate], [Store.MigrateTo] or
+// [Store.MigrateDown] that failed, in a [MigrationError].
+type MigrateStep string
+
+const (
+	// MigrateConnect: getting the connection migrations run on.
+	MigrateConnect MigrateStep = "connect"
+	// MigrateLock: taking the lock that keeps migrating processes apart
+	// (Capabilities.MigrationLock); MigrateUnlock: releasing it.
+	MigrateLock   MigrateStep = "take lock"
+	MigrateUnlock MigrateStep = "release lock"
+	// MigrateCreateVersions: creating "<table>_migrations" if it does not
+	// exist; MigrateDropVersions: dropping it (MigrateDown to 0).
+	MigrateCreateVersions MigrateStep = "create migrations table"
+	MigrateDropVersions   MigrateStep = "drop migrations table"
+	// MigrateBegin, MigrateCheck and MigrateCommit: beginning a version's
+	// transaction, reading whether it is applied, committing it.
+	MigrateBegin  MigrateStep = "begin"
+	MigrateCheck  MigrateStep = "check version"
+	MigrateCommit MigrateStep = "commit"
+	// MigrateStatement: a statement of the version's file
+	// (MigrationError.Statement says which).
+	MigrateStatement MigrateStep = "statement"
+	// MigrateRecord: recording the version as applied (or forgetting it,
+	// down) in "<table>_migrations".
+	MigrateRecord MigrateStep = "record version"
+)
+
+// MigrationError is why a migration stopped: which version and step, and
+// the database's error. Versions before it stay applied (on MySQL, whose
+// DDL commits implicitly, the failed version's statements before the
+// failed one too: every MySQL migration file can run again). Whether
+// running the migrations again may succeed is [IsRetryable]: true when the
+// database's error is transient — a deadlock, a lock wait timeout, a lost
+// connection, and on Galera a certification failure (MySQL error 1213)
+// when two nodes migrate at once — and when recording the version failed
+// because another process recorded it meanwhile.
+type MigrationError struct {
+	// Table is the inbox table's name.
+	Table string
+	// Down is set when undoing versions (MigrateDown).
+	Down bool
+	// Version and Name identify the migration the step belongs to; 0 and
+	// "" for the steps around every version (connect, lock, the versions
+	// table).
+	Version int
+	Name    string
+	// Step is what failed.
+	Step MigrateStep
+	// Statement is the 1-based index of the statement of the version's
+	// file that failed (see [Migration.UpStatements]) when Step is
+	// MigrateStatement; 0 otherwise.
+	Statement int
+	// Err is the database's error, classified by the dialect (wrapped
+	// with [ErrTransient] when transient).
+	Err error
+}
+
+func (e *MigrationError) Error() string {
+	var b strings.Builder
+	b.WriteString("inbox: migrate")
+	if e.Down {
+		b.WriteString(" down")
+	}
+	b.WriteString(": table " + e.Table)
+	if e.Version > 0 {
+		fmt.Fprintf(&b, ": version %d (%s)", e.Version, e.Name)
+	}
+	b.WriteString(": " + string(e.Step))
+	if e.Statement > 0 {
+		fmt.Fprintf(&b, " %d", e.Statement)
+	}
+	return b.String() + ": " + e.Err.Error()
+}
+
+// Unwrap returns the database's error, so that errors.As finds the
+// driver's error type and errors.Is [ErrTransient].
+func (e *MigrationError) Unwrap() error { return e.Err }
+
+func (s *Store) migrationError(down bool, m *Migration, step MigrateStep, statement int, err error) error {
+	e := &MigrationError{Table: s.table, Down: down, Step: step, Statement: statement, Err: s.Classify(err)}
+	if m != nil {
+		e.Version, e.Name = m.Version, m.Name
+	}
+	return e
 }
 
 // AppliedMigrations lists the schema versions recorded as applied; none
@@ -282,10 +402,21 @@ type SchemaError struct {
 	Missing []int
 	// Unknown are versions the database has and the code does not know.
 	Unknown []int
+	// MissingTables are tables of the schema that do not exist although
+	// every version of the code is recorded as applied: they were dropped
+	// outside the migrations. Only looked for when Missing is empty.
+	MissingTables []string
 }
 
 func (e *SchemaError) Error() string {
 	switch {
+	case len(e.MissingTables) > 0 && len(e.Missing) == 0 && len(e.Unknown) == 0:
+		return fmt.Sprintf("inbox: table %s: every schema version is recorded in %s_migrations, but tables %v do not exist; "+
+			"they were dropped outside the migrations: restore them, or drop %s_migrations and run the migrations again, "+
+			"which create what is missing", e.Table, e.Table, e.MissingTables, e.Table)
+	case len(e.MissingTables) > 0:
+		return fmt.Sprintf("inbox: table %s lacks schema versions %v, has unknown versions %v and lacks tables %v",
+			e.Table, e.Missing, e.Unknown, e.MissingTables)
 	case len(e.Missing) > 0 && len(e.Unknown) == 0:
 		return fmt.Sprintf("inbox: table %s lacks schema versions %v; run the migrations (Store.Migrate, or inboxmill migrate)",
 			e.Table, e.Missing)
@@ -297,9 +428,13 @@ func (e *SchemaError) Error() string {
 }
 
 // Unwrap makes errors.Is match [ErrSchemaOutdated] when versions are
-// missing, and [ErrSchemaNewer] when unknown ones are applied.
+// missing, [ErrSchemaNewer] when unknown ones are applied, and
+// [ErrTableMissing] when tables are.
 func (e *SchemaError) Unwrap() []error {
 	var errs []error
+	if len(e.MissingTables) > 0 {
+		errs = append(errs, ErrTableMissing)
+	}
 	if len(e.Missing) > 0 {
 		errs = append(errs, ErrSchemaOutdated)
 	}
@@ -310,9 +445,11 @@ func (e *SchemaError) Unwrap() []error {
 }
 
 // Validate checks that every schema version of the code is applied, and
-// no unknown one: call it at start-up to fail with a clear *SchemaError
-// (errors.Is [ErrSchemaOutdated] or [ErrSchemaNewer]) before the first
-// message fails with a missing column.
+// no unknown one, and then that the tables those versions created exist:
+// call it at start-up to fail with a clear *SchemaError (errors.Is
+// [ErrSchemaOutdated], [ErrSchemaNewer] or [ErrTableMissing]) before the
+// first message fails with a missing column or table. It reads the
+// catalog, not the columns: a table altered by hand is not noticed.
 func (s *Store) Validate(ctx context.Context) error {
 	ms, err := s.Migrations()
 	if err != nil {
@@ -339,10 +476,38 @@ func (s *Store) Validate(ctx context.Context) error {
 			e.Unknown = append(e.Unknown, v)
 		}
 	}
-	if len(e.Missing) > 0 || len(e.Unknown) > 0 {
+	if len(e.Missing) == 0 {
+		// The versions say the tables are there; a table dropped by hand
+		// leaves its version recorded.
+		if e.MissingTables, err = s.missingTables(ctx); err != nil {
+			return err
+		}
+	}
+	if len(e.Missing) > 0 || len(e.Unknown) > 0 || len(e.MissingTables) > 0 {
 		return e
 	}
 	return nil
+}
+
+// missingTables lists the schema's tables that do not exist.
+func (s *Store) missingTables(ctx context.Context) ([]string, error) {
+	rows, err := s.query(ctx, s.db, s.q.missingTables, &params{})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: validate: %w", s.Classify(err))
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, fmt.Errorf("inbox: validate: %w", err)
+		}
+		names = append(names, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: validate: %w", s.Classify(err))
+	}
+	return names, nil
 }
 
 func ignoreDone(err error) error {

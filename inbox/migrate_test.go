@@ -294,3 +294,108 @@ func explain(t *testing.T, rows *sql.Rows) []map[string]string {
 	require.NoError(t, rows.Err())
 	return out
 }
+
+// TestMigrateRaceIsRetryable: a migration whose version record waits on
+// the same version's record in another, uncommitted transaction — another
+// migrator that no lock kept apart, as on two Galera nodes — fails with a
+// *MigrationError at the record step that IsRetryable, whether the other
+// transaction holds on past the session's lock timeout or commits; the
+// next Migrate then succeeds.
+func TestMigrateRaceIsRetryable(t *testing.T) {
+	for _, kind := range []testdb.Kind{testdb.PostgresPQ, testdb.PostgresPGX, testdb.MySQL} {
+		for _, commit := range []bool{false, true} {
+			name := string(kind) + "/lock-timeout"
+			if commit {
+				name = string(kind) + "/other-commits"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				migrateRace(t, kind, commit)
+			})
+		}
+	}
+}
+
+func migrateRace(t *testing.T, kind testdb.Kind, commit bool) {
+	ctx := context.Background()
+	shared := testdb.Open(t, kind) // skips or fails when the server is down
+	driverName, dsn := "mysql", testdb.MySQLDSN()+"&innodb_lock_wait_timeout=1"
+	if kind != testdb.MySQL {
+		driverName, dsn = "postgres", testdb.PostgresDSN()+"&lock_timeout=1000"
+		if kind == testdb.PostgresPGX {
+			driverName = "pgx"
+		}
+	}
+	if commit {
+		dsn = strings.NewReplacer("lock_wait_timeout=1", "lock_wait_timeout=30", "lock_timeout=1000", "lock_timeout=30000").Replace(dsn)
+	}
+	db, err := sql.Open(driverName, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	table := testdb.UniqueName("inbox")
+	t.Cleanup(func() {
+		for _, tbl := range inbox.TableNames(table) {
+			_, _ = shared.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
+		}
+	})
+	store, err := inbox.NewStore(db, testdb.Dialect(kind), inbox.Config{Table: table})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	ms, err := store.Migrations()
+	require.NoError(t, err)
+	last := ms[len(ms)-1]
+	require.NoError(t, store.MigrateTo(ctx, ms[len(ms)-2].Version))
+
+	// The other migrator has applied the last version and inserted its
+	// record, not committed yet: Migrate's own insert waits on its key.
+	for _, stmt := range last.UpStatements() {
+		_, err := shared.ExecContext(ctx, stmt)
+		require.NoError(t, err)
+	}
+	other, err := shared.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback() }()
+	ph := testdb.Dialect(kind).Placeholder
+	_, err = other.ExecContext(ctx, "INSERT INTO "+table+"_migrations (version, name, applied_at) VALUES ("+
+		ph(1)+", "+ph(2)+", "+ph(3)+")", last.Version, last.Name, testdb.Dialect(kind).TimeArg(time.Now()))
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { done <- store.Migrate(ctx) }()
+	if commit {
+		waitForRecordInsert(t, shared, kind, table+"_migrations")
+		require.NoError(t, other.Commit())
+	}
+	err = <-done
+	require.Error(t, err)
+	require.True(t, inbox.IsRetryable(err), "transient: %v", err)
+	var me *inbox.MigrationError
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, table, me.Table)
+	require.Equal(t, last.Version, me.Version)
+	require.Equal(t, last.Name, me.Name)
+	require.Equal(t, inbox.MigrateRecord, me.Step)
+	require.False(t, me.Down)
+
+	if !commit {
+		require.NoError(t, other.Rollback())
+	}
+	require.NoError(t, store.Migrate(ctx), "running it again succeeds")
+	require.NoError(t, store.Validate(ctx))
+}
+
+// waitForRecordInsert returns once a session inserts into table while the
+// test's other transaction holds the row: past the version check.
+func waitForRecordInsert(t *testing.T, db *sql.DB, kind testdb.Kind, table string) {
+	t.Helper()
+	q := "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'"
+	if kind == testdb.MySQL {
+		// Running the insert while the other transaction holds the key:
+		// waiting on it, or about to.
+		q = "SELECT COUNT(*) FROM information_schema.processlist WHERE info LIKE CONCAT('INSERT INTO `', ?, '`%')"
+	}
+	require.Eventually(t, func() bool {
+		var n int
+		return db.QueryRowContext(context.Background(), q, table).Scan(&n) == nil && n > 0
+	}, 20*time.Second, 10*time.Millisecond, "Migrate waits on the other transaction's record")
+}

@@ -37,6 +37,9 @@ const resultLimitRefresh = 10 * time.Minute
 // resultLimitRetry spaces out reads of the limit while they fail.
 const resultLimitRetry = time.Second
 
+// resultSample is the result ResultLimit binds as ArgResult.
+var resultSample = []byte("inboxmill")
+
 // resultLimit caches the limit read from the database.
 type resultLimit struct {
 	mu     sync.Mutex
@@ -49,10 +52,12 @@ type resultLimit struct {
 }
 
 // ResultLimit returns the size in bytes of the largest result the store
-// writes: the database's limit (Queries.ResultLimit: half of MySQL's
-// max_allowed_packet, half of PostgreSQL's 1 GiB for a value, SQLite's
-// 1e9 bytes, each less [ResultMargin]), lowered to Config.MaxResult when
-// that is set. A larger result is refused before it reaches the
+// writes: the database's limit (Queries.ResultLimit: MySQL's
+// max_allowed_packet, or half of it when the driver interpolates
+// parameters — interpolateParams=true escapes a result into the
+// statement's text, up to twice its size —, half of PostgreSQL's 1 GiB
+// for a value, SQLite's 1e9 bytes, each less [ResultMargin]), lowered to
+// Config.MaxResult when that is set. A larger result is refused before it reaches the
 // database: [Store.SaveOutput] returns [ErrResultTooLarge], and a
 // [Lease]'s Complete records the outcome without it ([Lease.Dropped]).
 //
@@ -75,7 +80,12 @@ func (s *Store) ResultLimit(ctx context.Context, q DBTX) (int, error) {
 		return c.capped(c.n), c.err
 	}
 	var n int64
-	err := s.queryRow(ctx, q, s.q.resultLimit, &params{}).Scan(&n)
+	// As text with arguments, never a statement the store prepared: that
+	// is how a caller's own transaction sends a result, and the sample
+	// shows the dialect whether the driver binds it or writes it into the
+	// text.
+	st := s.q.resultLimit
+	err := q.QueryRowContext(ctx, st.SQL, s.bind(st, &params{result: resultSample})...).Scan(&n)
 	switch {
 	case err != nil:
 		err = fmt.Errorf("inbox: read the result limit: %w", s.Classify(err))

@@ -374,6 +374,8 @@ func (i *inboxDB) validate(ctx context.Context, f dbFlags) error {
 		return nil
 	case errors.As(err, &se) && errors.Is(err, inbox.ErrSchemaNewer):
 		return fmt.Errorf("%w\nthis inboxmill is older than the schema: use the inboxmill of the release that migrated it", err)
+	case errors.As(err, &se) && errors.Is(err, inbox.ErrTableMissing):
+		return tablesMissing(se, i.connFlags(f))
 	case errors.As(err, &se):
 		what := fmt.Sprintf("the inbox table %s lacks schema versions %v", i.table, se.Missing)
 		if applied, aerr := i.store.AppliedMigrations(ctx); aerr == nil && len(applied) == 0 {
@@ -382,6 +384,14 @@ func (i *inboxDB) validate(ctx context.Context, f dbFlags) error {
 		return fmt.Errorf("%s: run `inboxmill migrate%s` with the same --dsn (or check --table)", what, i.connFlags(f))
 	}
 	return i.target.scrub(err)
+}
+
+// tablesMissing says what to do about tables dropped outside the
+// migrations: the versions table must go before migrate recreates them.
+func tablesMissing(se *inbox.SchemaError, flags string) error {
+	return fmt.Errorf("every schema version of table %s is recorded, but tables %v do not exist (dropped outside the migrations): "+
+		"restore them, or drop %s_migrations and run `inboxmill migrate%s` with the same --dsn, which creates what is missing",
+		se.Table, se.MissingTables, se.Table, flags)
 }
 
 // connFlags renders the --dialect and --table flags of a suggested

@@ -179,6 +179,11 @@ func (a *app) migrateUp(cmd *cobra.Command, f upFlags) error {
 		now = after[len(after)-1]
 	}
 	if len(added) == 0 {
+		// The versions may be recorded for tables dropped since.
+		var se *inbox.SchemaError
+		if err := i.store.Validate(ctx); errors.As(err, &se) && errors.Is(err, inbox.ErrTableMissing) {
+			return tablesMissing(se, i.connFlags(a.db))
+		}
 		fmt.Fprintf(a.stdout, "table %s is up to date (version %d, %s)\n", i.table, now, i.target.dialect)
 		return nil
 	}
@@ -262,9 +267,12 @@ func (a *app) migrateStatus(cmd *cobra.Command, _ []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	var se *inbox.SchemaError
 	switch err := i.store.Validate(ctx); {
 	case err == nil:
 		fmt.Fprintln(a.stdout, "the schema is current")
+	case errors.As(err, &se) && errors.Is(err, inbox.ErrTableMissing):
+		fmt.Fprintln(a.stdout, tablesMissing(se, i.connFlags(a.db)))
 	case errors.Is(err, inbox.ErrSchemaNewer):
 		fmt.Fprintln(a.stdout, "the schema is newer than this inboxmill: use the inboxmill of the release that migrated it")
 	case missing > 0:

@@ -123,6 +123,68 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
+// TestMigrateNoticesADroppedTable: an inbox table dropped by hand leaves
+// its versions recorded; migrate, migrate status and migrate validate say
+// so instead of calling the schema current.
+func TestMigrateNoticesADroppedTable(t *testing.T) {
+	for _, kind := range kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var (
+				dsn string
+				db  *sql.DB
+			)
+			switch kind {
+			case testdb.SQLite:
+				dsn = filepath.Join(t.TempDir(), "dropped.db")
+				db = testdb.OpenSQLiteUnopened(t, dsn)
+			case testdb.MySQL:
+				db, dsn = testdb.Open(t, kind), testdb.MySQLDSN()
+			default:
+				db, dsn = testdb.Open(t, kind), testdb.PostgresDSN()
+			}
+			table := inboxtest.UniqueTable("drop")
+			store, err := inbox.NewStore(db, testdb.Dialect(kind), inbox.Config{Table: table})
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				for _, tbl := range inbox.TableNames(table) {
+					_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
+				}
+				_ = store.Close()
+			})
+			m := func(args ...string) result {
+				return runCmd(t, append(append([]string{"migrate"}, args...), "--dsn", dsn, "--table", table)...)
+			}
+			r := m()
+			require.Equal(t, exitOK, r.code, r.String())
+			_, err = db.ExecContext(ctx, "DROP TABLE "+table)
+			require.NoError(t, err)
+
+			r = m("validate")
+			require.Equal(t, exitFailed, r.code, r.String())
+			require.Contains(t, r.stderr, fmt.Sprintf("tables [%s] do not exist", table))
+			require.Contains(t, r.stderr, "drop "+table+"_migrations")
+			r = m()
+			require.Equal(t, exitFailed, r.code, "not up to date: %s", r.String())
+			require.Contains(t, r.stderr, fmt.Sprintf("tables [%s] do not exist", table))
+			r = m("status")
+			require.Equal(t, exitOK, r.code, r.String())
+			require.NotContains(t, r.stdout, "the schema is current")
+			require.Contains(t, r.stdout, fmt.Sprintf("tables [%s] do not exist", table))
+
+			// What the advice says: without the versions, migrate creates
+			// what is missing.
+			_, err = db.ExecContext(ctx, "DROP TABLE "+table+"_migrations")
+			require.NoError(t, err)
+			r = m()
+			require.Equal(t, exitOK, r.code, r.String())
+			r = m("validate")
+			require.Equal(t, exitOK, r.code, r.String())
+		})
+	}
+}
+
 // TestMigratePrint: --print writes the dialect's migrations for the table,
 // connecting to nothing.
 func TestMigratePrint(t *testing.T) {

@@ -2,12 +2,15 @@ package inboxtest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"io/fs"
 	"reflect"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	"github.com/stretchr/testify/require"
 
@@ -31,6 +34,10 @@ func schemaError(t *testing.T, err error) *inbox.SchemaError {
 	return se
 }
 
+// SampleSavepoint is the savepoint name [AllQueries] builds the savepoint
+// statements for: one the store could choose.
+const SampleSavepoint = "inboxmill_sp_1"
+
 // NamedQuery is one statement of a dialect with the name of the
 // [inbox.Queries] method that returns it.
 type NamedQuery struct {
@@ -42,7 +49,8 @@ type NamedQuery struct {
 // order, so that a dialect's tests can check or pin (in a
 // golden file) all of them without listing them: a statement added to the
 // interface is covered at once. Statements over several records
-// (InsertMany, SelectMany) are built for two records.
+// (InsertMany, SelectMany) are built for two records, and the savepoint
+// statements for the name SampleSavepoint.
 func AllQueries(q inbox.Queries) []NamedQuery {
 	v := reflect.ValueOf(q)
 	it := reflect.TypeFor[inbox.Queries]()
@@ -50,6 +58,11 @@ func AllQueries(q inbox.Queries) []NamedQuery {
 	for i := range out {
 		name := it.Method(i).Name
 		m := v.MethodByName(name)
+		if m.Type().NumIn() == 1 && m.Type().In(0).Kind() == reflect.String {
+			// A statement on a named object: a savepoint.
+			out[i] = NamedQuery{Name: name, Query: m.Call([]reflect.Value{reflect.ValueOf(SampleSavepoint)})[0].Interface().(inbox.Query)}
+			continue
+		}
 		if m.Type().NumIn() == 1 {
 			// A statement over several records: built for two of them.
 			rq := m.Call([]reflect.Value{reflect.ValueOf(2)})[0].Interface().(inbox.RowsQuery)
@@ -132,6 +145,93 @@ func runMigrations(t *testing.T, h Harness) {
 		require.Equal(t, s.Table(), se.Table)
 		require.Equal(t, versions(ms), se.Missing)
 		require.Empty(t, se.Unknown)
+	})
+
+	// A table of the schema dropped by hand leaves its versions recorded:
+	// the versions table alone would say the schema is current, and the
+	// first message would fail on the missing table.
+	t.Run("ADroppedTableWithItsVersionsRecorded", func(t *testing.T) {
+		t.Parallel()
+		for _, which := range []string{"inbox", "audit"} {
+			t.Run(which, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, h)
+				dropped := b.table
+				if which == "audit" {
+					dropped = b.table + "_audit"
+				}
+				_, err := b.db.ExecContext(b.ctx, "DROP TABLE "+dropped)
+				require.NoError(t, err)
+				ms, err := b.store.Migrations()
+				require.NoError(t, err)
+				vs, err := b.store.AppliedMigrations(b.ctx)
+				require.NoError(t, err)
+				require.Equal(t, versions(ms), vs, "every version is still recorded")
+
+				err = b.store.Validate(b.ctx)
+				require.ErrorIs(t, err, inbox.ErrTableMissing)
+				require.NotErrorIs(t, err, inbox.ErrSchemaOutdated, "running the migrations does not bring it back")
+				require.NotErrorIs(t, err, inbox.ErrSchemaNewer)
+				se := schemaError(t, err)
+				require.Equal(t, []string{dropped}, se.MissingTables)
+				require.Empty(t, se.Missing)
+				require.Empty(t, se.Unknown)
+				require.Contains(t, err.Error(), dropped)
+
+				// Migrate goes by the versions and creates nothing (a
+				// partitioned table fails to list its partitions).
+				_ = b.store.Migrate(b.ctx)
+				require.ErrorIs(t, b.store.Validate(b.ctx), inbox.ErrTableMissing, "the versions say it is there")
+				// What the error advises: without the versions table, the
+				// migrations run again and create what is missing.
+				_, err = b.db.ExecContext(b.ctx, "DROP TABLE "+b.table+"_migrations")
+				require.NoError(t, err)
+				require.NoError(t, b.store.Migrate(b.ctx))
+				require.NoError(t, b.store.Validate(b.ctx))
+				claimWorks(t, b.ctx, b.store, "after")
+			})
+		}
+	})
+
+	// A migration statement the database refuses stops Migrate with a
+	// *MigrationError that names the version, the step and the statement,
+	// and wraps the database's error unclassified as transient: running
+	// it again would fail again.
+	t.Run("AFailedStatementIsAMigrationError", func(t *testing.T) {
+		t.Parallel()
+		db := h.DB(t)
+		table := UniqueTable("inbox")
+		t.Cleanup(func() {
+			for _, tbl := range inbox.TableNames(table) {
+				_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl)
+			}
+		})
+		broken := withMigration(t, h.Dialect, 900, "broken",
+			"SELECT 1;\nSELECT * FROM {{table}}_no_such_table;\n", "SELECT 1;\n")
+		s, err := inbox.NewStore(db, broken, h.config(table))
+		require.NoError(t, err)
+		closeStore(t, s)
+		err = s.Migrate(context.Background())
+		require.Error(t, err)
+		var me *inbox.MigrationError
+		require.ErrorAs(t, err, &me)
+		require.Equal(t, table, me.Table)
+		require.Equal(t, 900, me.Version)
+		require.Equal(t, "broken", me.Name)
+		require.False(t, me.Down)
+		require.Equal(t, inbox.MigrateStatement, me.Step)
+		require.Equal(t, 2, me.Statement, "the second statement of the file")
+		require.Error(t, me.Err)
+		require.False(t, inbox.IsRetryable(err), "a statement the database refuses is no transient failure: %v", err)
+		require.Contains(t, err.Error(), "version 900 (broken)")
+		require.Contains(t, err.Error(), "statement 2")
+		require.Contains(t, err.Error(), "no_such_table", "the database's own error is in the message")
+
+		vs, err := s.AppliedMigrations(context.Background())
+		require.NoError(t, err)
+		ms, err := b0Store(t, db, h, table).Migrations()
+		require.NoError(t, err)
+		require.Equal(t, versions(ms), vs, "the versions before it are applied, it is not")
 	})
 
 	t.Run("MigrateToALowerVersionThenMigrate", func(t *testing.T) {
@@ -260,6 +360,41 @@ func runMigrations(t *testing.T, h Harness) {
 			}
 		}
 	})
+}
+
+// withMigration returns d with one more migration, version v, whose files
+// are up and down.
+func withMigration(t *testing.T, d inbox.Dialect, v int, name, up, down string) inbox.Dialect {
+	t.Helper()
+	files := fstest.MapFS{}
+	require.NoError(t, fs.WalkDir(d.Migrations(), ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		body, err := fs.ReadFile(d.Migrations(), p)
+		files[p] = &fstest.MapFile{Data: body}
+		return err
+	}))
+	files[fmt.Sprintf("%03d_%s.up.sql", v, name)] = &fstest.MapFile{Data: []byte(up)}
+	files[fmt.Sprintf("%03d_%s.down.sql", v, name)] = &fstest.MapFile{Data: []byte(down)}
+	return extraMigrations{Dialect: d, files: files}
+}
+
+// extraMigrations is a dialect whose migrations are files.
+type extraMigrations struct {
+	inbox.Dialect
+	files fs.FS
+}
+
+func (d extraMigrations) Migrations() fs.FS { return d.files }
+
+// b0Store is a store over table with the harness's own dialect.
+func b0Store(t *testing.T, db *sql.DB, h Harness, table string) *inbox.Store {
+	t.Helper()
+	s, err := inbox.NewStore(db, h.Dialect, h.config(table))
+	require.NoError(t, err)
+	closeStore(t, s)
+	return s
 }
 
 // claimWorks claims key through s, which needs the table in place.

@@ -381,6 +381,95 @@ func runStore(t *testing.T, h Harness) {
 			t.Run(name, func(t *testing.T) { b := setup(t, h); b.savepoints(t, own) })
 		}
 	})
+
+	// A savepoint inside another (a caller's own WithSavepoint around
+	// work that takes one too) is a level of its own: rolling the inner
+	// one back keeps the outer one's work and leaves the outer one to be
+	// released or rolled back, and rolling the outer one back undoes the
+	// inner one's released work. MySQL replaces a savepoint by a new one
+	// of the same name, so each level must be named apart.
+	t.Run("WithSavepointNested", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, h)
+		b.nestedSavepoints(t)
+	})
+}
+
+// nestedSavepoints checks Store.WithSavepoint nested three deep in one
+// transaction, in every combination of the levels failing or not.
+func (b *bundle) nestedSavepoints(t *testing.T) {
+	tx, err := b.store.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	work := func(key string) error {
+		if _, err := b.store.Claim(b.ctx, tx, inbox.ClaimParams{ID: id("op", key), PayloadHash: hash(key)}); err != nil {
+			return err
+		}
+		return b.effect(b.ctx, tx, key, "")
+	}
+	boom := errors.New("boom")
+	want := map[string]int{}
+	// level runs work at depth d of 3 under a savepoint, failing where fail
+	// says, and records what must survive the commit.
+	var level func(prefix string, d int, fail []bool, kept bool) error
+	level = func(prefix string, d int, fail []bool, kept bool) error {
+		return b.store.WithSavepoint(b.ctx, tx, func() error {
+			key := fmt.Sprintf("%s-%d-before", prefix, d)
+			require.NoError(t, work(key))
+			keptHere := kept && !fail[d]
+			want[key] = boolInt(keptHere)
+			if d+1 < len(fail) {
+				err := level(prefix, d+1, fail, keptHere)
+				if fail[d+1] {
+					require.ErrorIs(t, err, boom, "level %d of %s", d+1, prefix)
+					require.NotErrorIs(t, err, inbox.ErrTxAborted, "level %d of %s", d+1, prefix)
+				} else {
+					require.NoError(t, err, "level %d of %s", d+1, prefix)
+				}
+			}
+			key = fmt.Sprintf("%s-%d-after", prefix, d)
+			require.NoError(t, work(key), "level %d of %s is usable after the level inside it ended", d, prefix)
+			want[key] = boolInt(keptHere)
+			if fail[d] {
+				return boom
+			}
+			return nil
+		})
+	}
+	for _, fail := range [][]bool{
+		{false, false, false}, {false, false, true}, {false, true, false}, {true, false, false},
+		{false, true, true}, {true, false, true}, {true, true, false}, {true, true, true},
+	} {
+		prefix := fmt.Sprintf("%v", fail)
+		prefix = strings.NewReplacer("[", "", "]", "", " ", "", "true", "f", "false", "k").Replace(prefix)
+		err := level(prefix, 0, fail, true)
+		if fail[0] {
+			require.ErrorIs(t, err, boom, prefix)
+			require.NotErrorIs(t, err, inbox.ErrTxAborted, prefix)
+		} else {
+			require.NoError(t, err, prefix)
+		}
+	}
+	require.NoError(t, work("after"), "the transaction is still usable")
+	want["after"] = 1
+	require.NoError(t, tx.Commit())
+
+	for key, n := range want {
+		require.Equal(t, n, b.countEffects(t, key), key)
+		_, err := b.store.Get(b.ctx, b.db, id("op", key))
+		if n == 1 {
+			require.NoError(t, err, key)
+		} else {
+			require.ErrorIs(t, err, inbox.ErrNotFound, key)
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // savepoints checks Store.WithSavepoint in one transaction: a store's own

@@ -189,17 +189,24 @@ func (q queries) Clock() inbox.Query {
 
 func (q queries) ResultLimit() inbox.Query {
 	// max_allowed_packet bounds one packet. Bound as a parameter of a
-	// server-side prepared statement (the driver's default) the result is
-	// sent on its own, but with interpolateParams=true the driver writes
-	// it into the statement's text escaped, up to twice its size: half the
-	// packet, less inbox.ResultMargin for the rest of the statement.
-	return q.q("SELECT CAST(@@max_allowed_packet AS SIGNED) DIV 2 - 65536")
+	// server-side prepared statement (the driver's default, and every
+	// statement the store prepares) the result is sent in packets of its
+	// own, and may take the whole packet less inbox.ResultMargin for the
+	// rest of the statement. With interpolateParams=true the driver writes
+	// it into the statement's text instead, escaped, up to twice its size:
+	// half the packet. The sample result bound here tells which: the
+	// driver interpolates a []byte as a _binary literal, whose CHARSET is
+	// 'binary'; bound, it is a string of the connection's character set.
+	return q.q("SELECT CAST(@@max_allowed_packet AS SIGNED) DIV IF(CHARSET(?) = 'binary', 2, 1) - 65536",
+		inbox.ArgResult)
 }
 
-func (q queries) Savepoint() inbox.Query        { return q.q("SAVEPOINT inboxmill_attempt") }
-func (q queries) ReleaseSavepoint() inbox.Query { return q.q("RELEASE SAVEPOINT inboxmill_attempt") }
-func (q queries) RollbackToSavepoint() inbox.Query {
-	return q.q("ROLLBACK TO SAVEPOINT inboxmill_attempt")
+func (q queries) Savepoint(name string) inbox.Query { return q.q("SAVEPOINT " + name) }
+func (q queries) ReleaseSavepoint(name string) inbox.Query {
+	return q.q("RELEASE SAVEPOINT " + name)
+}
+func (q queries) RollbackToSavepoint(name string) inbox.Query {
+	return q.q("ROLLBACK TO SAVEPOINT " + name)
 }
 
 func (q queries) CreateMigrationsTable() inbox.Query {
@@ -213,6 +220,12 @@ func (q queries) CreateMigrationsTable() inbox.Query {
 func (q queries) MigrationsTableExists() inbox.Query {
 	return q.q("SELECT COUNT(*) FROM information_schema.tables\n" +
 		"WHERE table_schema = DATABASE() AND table_name = '{{table}}_migrations'")
+}
+
+func (q queries) MissingTables() inbox.Query {
+	return q.q("SELECT t.name FROM (SELECT '{{table}}' AS name UNION ALL SELECT '{{table}}_audit') AS t\n" +
+		"WHERE NOT EXISTS (SELECT 1 FROM information_schema.tables\n" +
+		"\tWHERE table_schema = DATABASE() AND table_name = t.name)")
 }
 
 func (q queries) SelectMigrations() inbox.Query {

@@ -101,6 +101,11 @@ ON CONFLICT (scope, operation, key, bucket) DO NOTHING
 RETURNING scope, operation, key`, q.t), RowArgs: partitionedRowArgs, Array: arrayLiteral, Returning: true}
 }
 
+// MissingTables looks for the stripes table too.
+func (q partitionedQueries) MissingTables() inbox.Query {
+	return q.missingTables("{{table}}", "{{table}}_audit", "{{table}}_stripes")
+}
+
 func (q partitionedQueries) Purge() inbox.Query {
 	return q.q(`DELETE FROM "{{table}}" WHERE (scope, operation, key, bucket) IN (
 	SELECT scope, operation, key, bucket FROM "{{table}}"

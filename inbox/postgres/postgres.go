@@ -196,10 +196,12 @@ func (q queries) ResultLimit() inbox.Query {
 	return q.q(`SELECT CAST(536870912 - 65536 AS bigint)`)
 }
 
-func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
-func (q queries) ReleaseSavepoint() inbox.Query { return q.q(`RELEASE SAVEPOINT inboxmill_attempt`) }
-func (q queries) RollbackToSavepoint() inbox.Query {
-	return q.q(`ROLLBACK TO SAVEPOINT inboxmill_attempt`)
+func (q queries) Savepoint(name string) inbox.Query { return q.q("SAVEPOINT " + name) }
+func (q queries) ReleaseSavepoint(name string) inbox.Query {
+	return q.q("RELEASE SAVEPOINT " + name)
+}
+func (q queries) RollbackToSavepoint(name string) inbox.Query {
+	return q.q("ROLLBACK TO SAVEPOINT " + name)
 }
 
 func (q queries) CreateMigrationsTable() inbox.Query {
@@ -213,6 +215,15 @@ func (q queries) CreateMigrationsTable() inbox.Query {
 func (q queries) MigrationsTableExists() inbox.Query {
 	return q.q(`SELECT count(*) FROM pg_catalog.pg_tables
 WHERE schemaname = current_schema() AND tablename = '{{table}}_migrations'`)
+}
+
+func (q queries) MissingTables() inbox.Query { return q.missingTables("{{table}}", "{{table}}_audit") }
+
+// missingTables lists which of tables (names, with the table marker) are
+// not in the current schema; pg_tables has partitioned tables too.
+func (q queries) missingTables(tables ...string) inbox.Query {
+	return q.q(`SELECT t.name FROM (VALUES ('` + strings.Join(tables, `'), ('`) + `')) AS t(name)
+WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = t.name)`)
 }
 
 func (q queries) SelectMigrations() inbox.Query {

@@ -188,10 +188,12 @@ func (q queries) ResultLimit() inbox.Query {
 	return q.q(`SELECT 1000000000 - 65536`)
 }
 
-func (q queries) Savepoint() inbox.Query        { return q.q(`SAVEPOINT inboxmill_attempt`) }
-func (q queries) ReleaseSavepoint() inbox.Query { return q.q(`RELEASE SAVEPOINT inboxmill_attempt`) }
-func (q queries) RollbackToSavepoint() inbox.Query {
-	return q.q(`ROLLBACK TO SAVEPOINT inboxmill_attempt`)
+func (q queries) Savepoint(name string) inbox.Query { return q.q("SAVEPOINT " + name) }
+func (q queries) ReleaseSavepoint(name string) inbox.Query {
+	return q.q("RELEASE SAVEPOINT " + name)
+}
+func (q queries) RollbackToSavepoint(name string) inbox.Query {
+	return q.q("ROLLBACK TO SAVEPOINT " + name)
 }
 
 func (q queries) CreateMigrationsTable() inbox.Query {
@@ -204,6 +206,11 @@ func (q queries) CreateMigrationsTable() inbox.Query {
 
 func (q queries) MigrationsTableExists() inbox.Query {
 	return q.q(`SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{{table}}_migrations'`)
+}
+
+func (q queries) MissingTables() inbox.Query {
+	return q.q(`SELECT t.name FROM (SELECT '{{table}}' AS name UNION ALL SELECT '{{table}}_audit') AS t
+WHERE NOT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND sqlite_master.name = t.name)`)
 }
 
 func (q queries) SelectMigrations() inbox.Query {

@@ -54,6 +54,7 @@ func TestGalera(t *testing.T) {
 		t.Run("SyncWait", func(t *testing.T) { testTwoNodesReserve(t, c, syncWait) })
 		t.Run("NoSyncWait", func(t *testing.T) { testTwoNodesReserve(t, c) })
 	})
+	t.Run("ReserveRetryIsBounded", func(t *testing.T) { testReserveRetryIsBounded(t, c) })
 	t.Run("CausalReads", func(t *testing.T) { testCausalReads(t, c) })
 	t.Run("ReserveFencing", func(t *testing.T) { testReserveFencing(t, c) })
 	t.Run("ConcurrentMigrate", func(t *testing.T) { testConcurrentMigrate(t, c) })

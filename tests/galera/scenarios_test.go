@@ -127,6 +127,10 @@ func testTwoNodesReserve(t *testing.T, c *cluster, params ...string) {
 	cert1, bf1 := clusterCounters(t, c, 1, 2)
 	require.Empty(t, pending, "deliveries never acked")
 	require.Empty(t, notRetryable, "every nack is retryable")
+	// The losing reservation's certification failure is retried in place
+	// (inbox.ReserveAttempts): the delivery then reads the winner's record
+	// and waits for its outcome instead of being nacked and redelivered.
+	require.Zero(t, nacks["mysql 1213"], "reservations nacked with 1213 (nacks: %v)", nacks)
 
 	s1, err := inbox.NewStore(c.open(t, 1, syncWait), mysql.Dialect(), inbox.Config{Table: tb.inbox})
 	require.NoError(t, err)
@@ -157,6 +161,57 @@ func testTwoNodesReserve(t *testing.T, c *cluster, params ...string) {
 		"winners node1=%d node2=%d; nacks before the ack: %v; duplicates acked: %d; "+
 		"wsrep_local_cert_failures +%d, wsrep_local_bf_aborts +%d",
 		mode, events, events, winners[1], winners[2], nacks, st1.Duplicates+st2.Duplicates, cert1-cert0, bf1-bf0)
+}
+
+// testReserveRetryIsBounded reserves a key whose row another transaction
+// on the same node holds (a transactional claim, not committed) through a
+// session whose lock wait times out after a second: every attempt fails
+// transiently, and Reserve gives up after inbox.ReserveAttempts statements
+// with a retryable error, for the delivery to be nacked.
+func testReserveRetryIsBounded(t *testing.T, c *cluster) {
+	tb := newTables(t, c)
+	ctx := context.Background()
+	id := inbox.ID{Operation: "galera_bounded", Key: "held"}
+	holderStore, err := inbox.NewStore(c.open(t, 1), mysql.Dialect(), inbox.Config{Table: tb.inbox})
+	require.NoError(t, err)
+	defer holderStore.Close()
+	holder, err := holderStore.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback() }()
+	claimed, err := holderStore.Claim(ctx, holder, inbox.ClaimParams{ID: id, PayloadHash: []byte("h")})
+	require.NoError(t, err)
+	require.True(t, claimed.Claimed)
+
+	// One connection, so that its session counters count the store's
+	// statements.
+	db := c.open(t, 1, "innodb_lock_wait_timeout=1")
+	db.SetMaxOpenConns(1)
+	s, err := inbox.NewStore(db, mysql.Dialect(), inbox.Config{Table: tb.inbox})
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.SyncClock(ctx))
+	inserts := func() int {
+		var name string
+		var n int
+		require.NoError(t, db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_insert'").Scan(&name, &n))
+		return n
+	}
+	before := inserts()
+	start := time.Now()
+	_, err = s.Reserve(ctx, inbox.ReserveParams{ID: id, PayloadHash: []byte("h"), Owner: "node1", Lease: time.Minute})
+	took := time.Since(start)
+	sent := inserts() - before
+	require.Error(t, err)
+	require.True(t, inbox.IsRetryable(err), "a lock wait timeout is transient: %v", err)
+	require.EqualValues(t, 1205, mysqlCode(err), "%v", err)
+	require.Equal(t, inbox.ReserveAttempts, sent, "the reservation statement is sent a bounded number of times")
+	t.Logf("reservation behind a held row, innodb_lock_wait_timeout=1: %d statements in %v, then %v",
+		sent, took.Round(10*time.Millisecond), err)
+
+	require.NoError(t, holder.Rollback())
+	res, err := s.Reserve(ctx, inbox.ReserveParams{ID: id, PayloadHash: []byte("h"), Owner: "node1", Lease: time.Minute})
+	require.NoError(t, err)
+	require.NotNil(t, res.Lease, "free again, the key is reserved")
 }
 
 // testReserveFencing lets a lease taken on node 1 expire while its handler
@@ -311,22 +366,35 @@ func testConcurrentMigrate(t *testing.T, c *cluster) {
 		}
 	}
 	failures := map[string]int{}
-	var failedRounds int
+	var failedRounds, retryable int
 	for range rounds {
 		errs, table := migrate([2]*sql.DB{db1, db2})
 		if errs[0] != nil || errs[1] != nil {
 			failedRounds++
 		}
 		for _, err := range errs {
-			if err != nil {
-				failures[migrateErrKind(err)]++
-				t.Logf("concurrent Migrate on two nodes: %v", err)
+			if err == nil {
+				continue
 			}
+			t.Logf("concurrent Migrate on two nodes: %v", err)
+			var me *inbox.MigrationError
+			require.ErrorAs(t, err, &me, "a failed Migrate says where: %v", err)
+			require.Equal(t, table, me.Table)
+			if mysqlCode(err) == 1213 || me.Step == inbox.MigrateRecord {
+				// A certification failure (or deadlock) is retryable, and
+				// so is recording a version the other node recorded first.
+				require.True(t, inbox.IsRetryable(err), "transient: %v", err)
+			}
+			if inbox.IsRetryable(err) {
+				retryable++
+			}
+			failures[fmt.Sprintf("%s at version %d %s", migrateErrKind(err), me.Version, me.Step)]++
 		}
 		check(table)
 	}
-	t.Logf("Migrate on node 1 and node 2 at once: %d rounds, %d with a failed Migrate (%v); schema correct "+
-		"after every round, and a second Migrate through either node succeeded", rounds, failedRounds, failures)
+	t.Logf("Migrate on node 1 and node 2 at once: %d rounds, %d with a failed Migrate (%v; %d retryable); schema "+
+		"correct after every round, and a second Migrate through either node succeeded",
+		rounds, failedRounds, failures, retryable)
 
 	// The safe procedure: every migrator goes through the same node, where
 	// GET_LOCK does keep them apart.
