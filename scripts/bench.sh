@@ -36,6 +36,13 @@
 #   --sqlqueue-batch N      SubscribeBatchSize of sqlqueue's batched variants (32; 1 leaves them out)
 #   --cpuprofile FILE       CPU profile of the whole run, for go tool pprof
 #   --markdown FILE         the results, ratios and purges as Markdown tables
+#   --plot DIR              SVG charts: per dialect throughput and p99 against workers (one line per
+#                           scenario) and the ratios to the bare handler; the same through Kafka
+#   --partitions 4,16       the kafka scenario's partition counts
+#   --kafka-variants LIST   the kafka scenario's variants (plain, inboxmill, group, group_pgx, parallel_plain,
+#                           parallel, parallel_group, parallel_group_pgx; all by default)
+#   --kafka-in-flight N     the parallel consumer's MaxInFlightPerPartition (32 by default)
+#   --kafka-pool N          the database pool of the parallel variants (16)
 #
 # PostgreSQL and MariaDB are those of scripts/test.sh (127.0.0.1, database
 # test), or INBOXMILL_POSTGRES_DSN / INBOXMILL_MYSQL_DSN; leave a server out

@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,10 +35,17 @@ func TestSmoke(t *testing.T) {
 				testdb.Open(t, tc.kind) // skips, or fails with CI set, when the server is down
 			}
 			var stdout, stderr bytes.Buffer
+			plots := t.TempDir()
 			err := run(t.Context(), []string{"--smoke", "--dialects", tc.dialect, "--scenarios", strings.Join(allScenarios, ","),
-				"--keys", "uuidv7,random", "--layouts", "plain,partitioned"}, &stdout, &stderr)
+				"--keys", "uuidv7,random", "--layouts", "plain,partitioned", "--plot", plots}, &stdout, &stderr)
 			t.Log(stderr.String())
 			require.NoError(t, err, stdout.String())
+			for _, chart := range []string{"throughput", "p99", "ratio", "kafka-throughput", "kafka-ratio"} {
+				svg, err := os.ReadFile(filepath.Join(plots, tc.dialect+"-"+chart+".svg"))
+				require.NoError(t, err, "no %s chart", chart)
+				require.Contains(t, string(svg), "<svg")
+				require.Contains(t, string(svg), "inboxmill", "the %s chart has no line of the middleware", chart)
+			}
 
 			bench, ratios, purges := parseOutput(t, stdout.String())
 			want := []string{"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "inboxmill_reserve_batch", "watermill_dedup",

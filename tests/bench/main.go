@@ -79,6 +79,7 @@ type options struct {
 	purgeBatch   int
 	cpuProfile   string
 	markdown     string
+	plotDir      string
 	prepare      inbox.Prepare
 	// group is the group commit settings of inboxmill_group.
 	group dedup.Group
@@ -133,6 +134,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.kafkaPool, "kafka-pool", 16, "the database pool of the kafka scenario's parallel variants (the others get partitions+2)")
 	fs.IntVar(&o.sqlQueueBatch, "sqlqueue-batch", 32, "the sqlqueue scenario's batched variants' SubscribeBatchSize (watermillsql.NewSubscriber); 1 leaves them out")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the results and ratios as Markdown tables to this file")
+	fs.StringVar(&o.plotDir, "plot", "", "also write SVG charts of the results into this directory (throughput and p99 against workers per scenario, ratios to the bare handler)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -341,6 +343,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if o.markdown != "" {
 		if err := os.WriteFile(o.markdown, []byte(b.markdownTables()), 0o644); err != nil {
 			return err
+		}
+	}
+	if o.plotDir != "" {
+		files, err := b.writePlots(o.plotDir)
+		if err != nil {
+			return err
+		}
+		for _, f := range files {
+			b.logf("plot: %s", f)
 		}
 	}
 	b.logf("done in %v (%s)", time.Since(start).Round(time.Second), machineLoad())
