@@ -66,8 +66,8 @@ Pass the --partition-width and --partition-retention its stores run with.`,
 			if dryRun {
 				fmt.Fprintf(a.stdout, "dry run: a purge would delete %s from table %s (completed and failed, past expires_at",
 					plural(ov.AwaitingPurge, "record"), i.table)
-				if !ov.OldestExpired.IsZero() {
-					fmt.Fprintf(a.stdout, "; the oldest expired %s ago", age(ov.Now, ov.OldestExpired))
+				if t, ok := oldestExpired(ov); ok {
+					fmt.Fprintf(a.stdout, "; the oldest expired %s ago", age(ov.Now, t))
 				}
 				fmt.Fprintln(a.stdout, ")")
 				fmt.Fprintln(a.stdout, "nothing changed; no audit entry written")
