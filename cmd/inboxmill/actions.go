@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -223,13 +224,21 @@ func (a *app) refusal(ctx context.Context, i *inboxDB, action string, id inbox.I
 	case errors.Is(err, inbox.ErrNotFound):
 		return fmt.Errorf("refused to %s %s: no such record (someone forgot it, or the purge deleted it): %w", action, id, err)
 	case errors.Is(err, inbox.ErrLeaseLost):
+		rec := now()
+		if rec != nil && attempt != 0 && rec.Attempt < attempt {
+			// Attempts only grow: no worker moved the record down to its
+			// attempt. The operator mistyped, or the record seen at
+			// attempt was forgotten and its key claimed anew since.
+			return refusedErr(fmt.Errorf("refused to %s %s: it is %s, not %d: no worker took it over "+
+				"(attempts only grow); check --attempt against inspect (if inspect showed attempt %d, the record was "+
+				"forgotten and claimed anew since): %w", action, id, recordState(rec, i.store.Now()), attempt, attempt, err))
+		}
 		msg := fmt.Sprintf("refused to %s %s: it is no longer at attempt %d", action, id, attempt)
 		if attempt == 0 {
 			msg = fmt.Sprintf("refused to %s %s: it moved on while being changed", action, id)
 		}
-		if rec := now(); rec != nil {
-			msg += fmt.Sprintf(": a worker took it over, it is %s at attempt %d (%s)", rec.Status, rec.Attempt,
-				leaseState(rec, i.store.Now()))
+		if rec != nil {
+			msg += ": a worker took it over, it is " + recordState(rec, i.store.Now())
 		}
 		return refusedErr(fmt.Errorf("%s; inspect it again before acting: %w", msg, err))
 	case errors.Is(err, inbox.ErrLeaseLive):
@@ -249,4 +258,15 @@ func (a *app) refusal(ctx context.Context, i *inboxDB, action string, id inbox.I
 		return usageErr(err)
 	}
 	return i.target.scrub(err)
+}
+
+// recordState renders a record's status and attempt for a refusal, with
+// its lease while it is processing: "pending at attempt 1", "processing at
+// attempt 2 (live, 59m left)".
+func recordState(rec *inbox.Record, now time.Time) string {
+	s := fmt.Sprintf("%s at attempt %d", rec.Status, rec.Attempt)
+	if rec.Status == inbox.StatusProcessing {
+		s += " (" + leaseState(rec, now) + ")"
+	}
+	return s
 }

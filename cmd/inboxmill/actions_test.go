@@ -210,3 +210,27 @@ func TestForget(t *testing.T) {
 		require.Contains(t, r.stderr, "no such record")
 	})
 }
+
+// TestWrongAttemptIsNotATakeOver: an --attempt above the record's is a
+// mistake of the operator's (or the record was forgotten and claimed anew
+// since), never a worker's take-over, and the refusal says so; an attempt
+// a worker has moved past is still told as a take-over.
+func TestWrongAttemptIsNotATakeOver(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		pend := e.pending(t, id("charge", "pi-1"), false)
+		done := e.completed(t, id("ship", "evt-1"))
+		for _, args := range [][]string{
+			{"resolve", "--digest", pend.Digest(), "--attempt", "5", "--to", "completed", "--reason", "r"},
+			{"resolve", "--digest", pend.Digest(), "--attempt", "5", "--to", "completed", "--reason", "r", "--dry-run"},
+			{"forget", "--digest", done.Digest(), "--attempt", "5", "--reason", "r", "--dry-run"},
+		} {
+			r := e.run(t, args...)
+			require.Equal(t, exitRefused, r.code, r.String())
+			require.NotContains(t, r.stderr, "a worker took it over", r.String())
+			require.Contains(t, r.stderr, "at attempt 1, not 5: no worker took it over (attempts only grow);", r.String())
+			require.Contains(t, r.stderr, "check --attempt against inspect", r.String())
+		}
+		require.Equal(t, pend, e.get(t, pend.ID))
+		require.Empty(t, e.audit(t))
+	})
+}
