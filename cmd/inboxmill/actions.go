@@ -222,7 +222,10 @@ func (a *app) refusal(ctx context.Context, i *inboxDB, action string, id inbox.I
 	}
 	switch {
 	case errors.Is(err, inbox.ErrNotFound):
-		return fmt.Errorf("refused to %s %s: no such record (someone forgot it, or the purge deleted it): %w", action, id, err)
+		// Found by digest a moment ago, or named by key: gone either way.
+		return &shownError{msg: fmt.Sprintf("%s: %s in table %s has scope %s, operation %s and key %s (digest %s): "+
+			"there is nothing to %s (someone forgot it, or the purge deleted it)", action, errNoRecord, i.table,
+			text(id.Scope), text(id.Operation), text(id.Key), id.Digest(), action), err: errors.Join(errNoRecord, err)}
 	case errors.Is(err, inbox.ErrLeaseLost):
 		rec := now()
 		if rec != nil && attempt != 0 && rec.Attempt < attempt {

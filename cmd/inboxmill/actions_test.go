@@ -78,8 +78,8 @@ func TestResolve(t *testing.T) {
 		require.Equal(t, exitRefused, r.code, "a dry run refuses what the change would")
 
 		r = e.run(t, "resolve", "--operation", "charge", "--key", "nope", "--to", "completed", "--reason", "r")
-		require.Equal(t, exitFailed, r.code)
-		require.Contains(t, r.stderr, "no such record")
+		require.Equal(t, exitNotFound, r.code)
+		require.Contains(t, r.stderr, "no record in table "+e.table)
 		r = e.run(t, "resolve", "--operation", "charge", "--key", "pi-3", "--to", "failed", "--external-ref", "x", "--reason", "r")
 		require.Equal(t, exitUsage, r.code, "the store's ErrInvalidParams is a usage error")
 		require.Contains(t, r.stderr, "external reference is stored only when resolving as completed")
@@ -206,8 +206,8 @@ func TestForget(t *testing.T) {
 		require.Len(t, e.audit(t), 2)
 
 		r := e.run(t, "forget", "--operation", "ship", "--key", "evt-1", "--reason", "again")
-		require.Equal(t, exitFailed, r.code)
-		require.Contains(t, r.stderr, "no such record")
+		require.Equal(t, exitNotFound, r.code)
+		require.Contains(t, r.stderr, "no record in table "+e.table)
 	})
 }
 

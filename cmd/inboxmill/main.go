@@ -23,7 +23,8 @@
 //
 // Exit status: 0 done, 1 failed, 2 usage error, 3 refused (the record
 // moved on, is held by a live lease, or is in a status the action does not
-// apply to), 130 interrupted.
+// apply to), 4 not found (inspect, resolve, forget or audit named a record
+// that does not exist), 130 interrupted.
 package main
 
 import (
@@ -62,6 +63,7 @@ const (
 	exitFailed      = 1
 	exitUsage       = 2
 	exitRefused     = 3
+	exitNotFound    = 4 // a record the flags name does not exist
 	exitInterrupted = 130
 )
 
@@ -76,6 +78,17 @@ func (e *exitError) Unwrap() error { return e.err }
 
 func usageErr(err error) error   { return &exitError{exitUsage, err} }
 func refusedErr(err error) error { return &exitError{exitRefused, err} }
+
+// shownError is an error whose message says all an operator needs, so
+// that the chain under it (kept for errors.Is and errors.As) is not
+// printed a second time after it.
+type shownError struct {
+	msg string
+	err error
+}
+
+func (e *shownError) Error() string { return e.msg }
+func (e *shownError) Unwrap() error { return e.err }
 
 // app is one run of the command: its streams, environment and the flags
 // every subcommand shares.
@@ -109,6 +122,8 @@ func (a *app) run(ctx context.Context, args []string) int {
 	switch {
 	case errors.As(err, &ee):
 		code = ee.code
+	case errors.Is(err, errNoRecord):
+		code = exitNotFound
 	case strings.HasPrefix(err.Error(), "unknown command"), strings.HasPrefix(err.Error(), "unknown flag"):
 		code = exitUsage
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
@@ -141,7 +156,7 @@ or mysql://user:pass@host:3306/db) or an SQLite file (inbox.db, file:inbox.db).
 
 Exit status: 0 done, 1 failed, 2 usage error, 3 refused (the record moved on,
 is held by a live lease, or is in a status the action does not apply to),
-130 interrupted.`,
+4 not found (the record named does not exist), 130 interrupted.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {

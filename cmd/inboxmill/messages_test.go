@@ -42,3 +42,31 @@ func TestNothingExpiredReadsAsNothing(t *testing.T) {
 		require.Zero(t, *v.PurgeLag)
 	})
 }
+
+// TestMissingRecordIsNotFound: every subcommand that names a record
+// answers a record that does not exist with exit status 4 and says which
+// record it looked for, by key or by digest, dry run or not.
+func TestMissingRecordIsNotFound(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		e.completed(t, id("ship", "evt-1")) // the table is not empty
+		missing := id("ship", "nope")
+		byKey := []string{"--operation", "ship", "--key", "nope"}
+		byDigest := []string{"--digest", missing.Digest()}
+		for _, args := range [][]string{
+			{"inspect"}, {"inspect", "-o", "json"},
+			{"resolve", "--to", "completed", "--reason", "r"}, {"resolve", "--to", "failed", "--reason", "r", "--dry-run"},
+			{"forget", "--reason", "r"}, {"forget", "--reason", "r", "--dry-run"},
+			{"audit"}, {"audit", "-o", "json"},
+		} {
+			for _, name := range [][]string{byKey, byDigest} {
+				cmd := append(append([]string{}, args...), name...)
+				r := e.run(t, cmd...)
+				require.Equal(t, exitNotFound, r.code, "%v\n%s", cmd, r)
+				require.Empty(t, r.stdout, "%v", cmd)
+				require.Contains(t, r.stderr, "no record", "%v", cmd)
+				require.Contains(t, r.stderr, missing.Digest(), "%v", cmd)
+			}
+		}
+		require.Empty(t, e.audit(t))
+	})
+}
