@@ -82,7 +82,7 @@ func TestResolve(t *testing.T) {
 		require.Contains(t, r.stderr, "no record in table "+e.table)
 		r = e.run(t, "resolve", "--operation", "charge", "--key", "pi-3", "--to", "failed", "--external-ref", "x", "--reason", "r")
 		require.Equal(t, exitUsage, r.code, "the store's ErrInvalidParams is a usage error")
-		require.Contains(t, r.stderr, "external reference is stored only when resolving as completed")
+		require.Contains(t, r.stderr, "--external-ref is stored only with --to completed")
 		require.Len(t, e.audit(t), 2)
 	})
 }

@@ -74,7 +74,8 @@ reads everything.`,
 				f.After = next
 				page, n, err := i.store.ListAudit(ctx, f)
 				if errors.Is(err, inbox.ErrInvalidParams) {
-					return usageErr(err) // a malformed --after or --limit
+					// --limit and --action are checked above: the cursor is at fault.
+					return usageErr(&shownError{msg: "--after: " + invalidReasons(err), err: err})
 				}
 				if err != nil {
 					return err

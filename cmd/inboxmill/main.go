@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -166,7 +167,7 @@ is held by a live lease, or is in a status the action does not apply to),
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(err) })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(flagError(err)) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.db.dsn, "dsn", "", "the inbox database (default $INBOXMILL_DSN): a PostgreSQL URL, a MySQL DSN or an SQLite file")
 	pf.StringVar(&a.db.dialect, "dialect", "", "postgres, mysql or sqlite (default: inferred from the DSN, or $INBOXMILL_DIALECT)")
@@ -207,6 +208,29 @@ func (a *app) fromEnv(cmd *cobra.Command) error {
 		}
 	}
 	return nil
+}
+
+// The parsers' own words after pflag's `invalid argument "x" for "--f"
+// flag: `, which quote the value a second time.
+var (
+	numberError   = regexp.MustCompile(`: strconv\.Parse\w+: parsing "(?:[^"\\]|\\.)*": (.*)$`)
+	durationError = regexp.MustCompile(`: time: (?:invalid|unknown unit|missing unit)[^"]*"(?:[^"\\]|\\.)*"(?: in duration "(?:[^"\\]|\\.)*")?$`)
+)
+
+// flagError is a flag's parse error as an operator reads it: pflag names
+// the value and the flag, then adds the parser's error, which names the
+// value again; that part is said once, in words.
+func flagError(err error) error {
+	msg := err.Error()
+	switch {
+	case numberError.MatchString(msg):
+		msg = numberError.ReplaceAllString(msg, ": $1")
+	case durationError.MatchString(msg):
+		msg = durationError.ReplaceAllString(msg, ": not a duration (such as 90s, 15m or 2h)")
+	default:
+		return err
+	}
+	return &shownError{msg: msg, err: err}
 }
 
 // noArgs is cobra.NoArgs as a usage error.

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"fmt"
 	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/inbox"
 )
 
 // negativeAge is a duration printed with a minus sign: an age or a lag
@@ -69,4 +74,99 @@ func TestMissingRecordIsNotFound(t *testing.T) {
 		}
 		require.Empty(t, e.audit(t))
 	})
+}
+
+// quoted is a double-quoted value in a message.
+var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)+"`)
+
+// repeats reports how a message repeats itself, "" when it does not: the
+// package prefix "inbox: " twice ("inbox: resolve: inbox: record not
+// found"), a clause twice in a row ("x: x"), or one quoted value twice
+// (`invalid argument "x" for "--pause" flag: time: invalid duration "x"`).
+func repeats(msg string) string {
+	if strings.Count(msg, "inbox: ") > 1 {
+		return `"inbox: " more than once`
+	}
+	parts := strings.Split(msg, ": ")
+	for i := 1; i < len(parts); i++ {
+		if parts[i] == parts[i-1] {
+			return fmt.Sprintf("%q twice in a row", parts[i])
+		}
+	}
+	seen := map[string]bool{}
+	for _, q := range quoted.FindAllString(msg, -1) {
+		if seen[q] {
+			return q + " twice"
+		}
+		seen[q] = true
+	}
+	return ""
+}
+
+// TestMessagesDoNotRepeatThemselves runs what an operator gets wrong and
+// what the store refuses, and requires each message to say it once: the
+// command names the flag at fault or the record's state, without the
+// store's error chain after it saying the same again.
+func TestMessagesDoNotRepeatThemselves(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		done := e.completed(t, id("ship", "evt-1"))
+		held := e.live(t, id("charge", "pi-1"))
+		gone := e.abandoned(t, id("charge", "pi-2"))
+		_, err := e.store.TakeOver(t.Context(), gone, inbox.TakeOverParams{Owner: "worker-2", Lease: time.Hour})
+		require.NoError(t, err)
+		long := strings.Repeat("k", inbox.MaxKeyLen+1)
+		for _, c := range []struct {
+			args []string
+			code int
+			want string
+		}{
+			{[]string{"resolve", "--operation", "ship", "--key", "a\xffb", "--to", "failed", "--reason", "r"}, exitUsage, "--key is not valid UTF-8"},
+			{[]string{"forget", "--operation", "ship", "--key", long, "--reason", "r"}, exitUsage, "--key is 256 bytes, more than 255"},
+			{[]string{"inspect", "--operation", "ship", "--key", "a\x00b"}, exitUsage, "--key contains a NUL byte"},
+			{[]string{"inspect", "--scope", "\xff", "--operation", "ship", "--key", "k"}, exitUsage, "--scope is not valid UTF-8"},
+			{[]string{"audit", "--operation", "\xff", "--key", "k"}, exitUsage, "--operation is not valid UTF-8"},
+			{[]string{"inspect", "--digest", "0123456789abcdef", "--operation", "\xff"}, exitUsage, "--operation is not valid UTF-8"},
+			{[]string{"resolve", "--digest", done.Digest(), "--to", "failed", "--reason", "r"}, exitRefused, "it is completed"},
+			{[]string{"resolve", "--digest", held.ID().Digest(), "--to", "failed", "--reason", "r"}, exitRefused, "a worker holds it under a live lease"},
+			{[]string{"forget", "--digest", gone.Digest(), "--attempt", "1", "--reason", "r", "--dry-run"}, exitRefused, "a worker took it over"},
+			{[]string{"resolve", "--digest", done.Digest(), "--to", "failed", "--external-ref", "ch_1", "--reason", "r"}, exitUsage,
+				"--external-ref is stored only with --to completed"},
+			{[]string{"resolve", "--digest", done.Digest(), "--to", "completed", "--error", "e", "--reason", "r"}, exitUsage,
+				"--error is stored only with --to failed"},
+			{[]string{"resolve", "--digest", done.Digest(), "--to", "completed", "--reason", strings.Repeat("r", inbox.MaxReasonLen+1)},
+				exitUsage, "--reason is 2049 bytes, more than 2048"},
+			{[]string{"forget", "--digest", done.Digest(), "--actor", "\xff", "--reason", "r"}, exitUsage, "--actor is not valid UTF-8"},
+			{[]string{"list", "--operation", "\xff"}, exitUsage, "--operation is not valid UTF-8"},
+			{[]string{"list", "--after", "garbage"}, exitUsage, "--after: the cursor is not one a listing returned"},
+			{[]string{"audit", "--after", "garbage"}, exitUsage, "--after: the cursor is not one a listing returned"},
+			{[]string{"purge", "--pause", "soon", "--reason", "r"}, exitUsage, `--pause`},
+			{[]string{"resolve", "--digest", done.Digest(), "--attempt", "99999999999999999999", "--to", "failed", "--reason", "r"},
+				exitUsage, "--attempt"},
+			{[]string{"stats", "--table", "bad name"}, exitUsage, "plain identifier"},
+			{[]string{"stats", "--table", ""}, exitUsage, "--table is empty"},
+		} {
+			r := e.run(t, c.args...)
+			if c.args[1] == "--table" { // e.run's --table would win
+				r = runCmd(t, append(c.args, "--dsn", e.dsn)...)
+			}
+			require.Equal(t, c.code, r.code, "%q\n%s", c.args, r)
+			require.Contains(t, r.stderr, c.want, "%q", c.args)
+			for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+				require.Empty(t, repeats(line), "%q: %s", c.args, line)
+			}
+		}
+		require.Empty(t, e.audit(t))
+	})
+}
+
+func TestRepeats(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"inboxmill resolve: inbox: resolve: inbox: record not found":                    true,
+		"inboxmill list: x: x: y":                                                       true,
+		`inboxmill purge: invalid argument "x" for "--pause" flag: time: invalid "x"`:   true,
+		`inboxmill stats: --table "bad name": not a plain identifier`:                   false,
+		"inboxmill resolve: inbox: resolve: ERROR: connection refused (SQLSTATE 08006)": false,
+	} {
+		require.Equal(t, want, repeats(msg) != "", msg)
+	}
 }

@@ -244,7 +244,7 @@ func TestInspect(t *testing.T) {
 		require.Contains(t, r.stderr, `no record of operation "charge"`)
 		r = e.run(t, "inspect", "--digest", "not-hex")
 		require.Equal(t, exitUsage, r.code, r.String())
-		require.Contains(t, r.stderr, `--digest "not-hex": want the 16 lowercase hex characters`)
+		require.Contains(t, r.stderr, `--digest "not-hex": want the 16 hex characters`)
 	})
 }
 
