@@ -163,6 +163,11 @@ func (a *app) purge(ctx context.Context, i *inboxDB, p inbox.PurgeParams, actor 
 		return fmt.Errorf("purge stopped after %s (%s purged): %w", plural(int64(res.Batches), "batch"),
 			plural(res.Deleted, "record"), i.target.scrub(err))
 	}
+	if res.Deleted == 0 {
+		fmt.Fprintf(a.stdout, "nothing to purge: no completed or failed record of table %s is past expires_at; "+
+			"no audit entry written\n", i.table)
+		return nil
+	}
 	if res.Partitions > 0 {
 		fmt.Fprintf(a.stdout, "purged %s from table %s: %s dropped, then %s\n", plural(res.Deleted, "record"), i.table,
 			plural(int64(res.Partitions), "partition"), plural(int64(res.Batches), "batch"))

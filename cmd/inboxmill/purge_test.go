@@ -45,11 +45,17 @@ func TestPurge(t *testing.T) {
 		require.EqualValues(t, 7, entries[0].Count)
 		require.Equal(t, inbox.ID{}, entries[0].Record)
 
-		// Nothing left: a run deletes nothing, without a bar.
+		// Nothing left: a run deletes nothing, without a bar, and is no
+		// audit event.
 		r = e.run(t, "purge", "--reason", "again", "--progress=false")
 		require.Equal(t, exitOK, r.code, r.String())
-		require.Contains(t, r.stdout, "purged 0 records from table "+e.table+" in 1 batch\n")
+		require.Equal(t, "nothing to purge: no completed or failed record of table "+e.table+" is past expires_at; "+
+			"no audit entry written\n", r.stdout)
 		require.Empty(t, r.stderr)
+		r = e.run(t, "purge", "--reason", "again")
+		require.Equal(t, exitOK, r.code, r.String())
+		require.Contains(t, r.stdout, "nothing to purge")
+		require.Len(t, e.audit(t), 1, "only the purge that deleted something is in the audit trail")
 	})
 }
 
