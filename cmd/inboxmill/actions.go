@@ -134,6 +134,7 @@ func (a *app) forgetCmd() *cobra.Command {
 		act    actorFlags
 		p      inbox.ForgetParams
 		dryRun bool
+		yes    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "forget (--operation NAME --key KEY [--scope SCOPE] | --digest HEX) --reason TEXT",
@@ -146,13 +147,23 @@ is refused when the record moved to another attempt since you inspected it.
 
 The record as it was, the actor and the reason are written to the audit trail
 in the transaction of the delete. --dry-run shows what it would delete and
-changes nothing.`,
+changes nothing.
+
+On a terminal it shows the record and asks before deleting it, and the
+delete then applies only to the attempt it showed; --yes goes ahead
+without asking (for scripts). Without --yes, when standard input is not a
+terminal, it refuses (exit 2).`,
 		Example: `  inboxmill forget --operation ship_order --key evt-42 --attempt 2 --reason 'carrier lost the parcel' --dry-run`,
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var errs []error
 			if err := id.check(cmd); err != nil {
 				errs = append(errs, err)
+			}
+			if !dryRun {
+				if err := a.mayAsk(cmd, yes); err != nil {
+					errs = append(errs, err)
+				}
 			}
 			ctx := cmd.Context()
 			i, rid, actor, err := a.startAction(ctx, errs, &id, act, p.Attempt)
@@ -161,6 +172,21 @@ changes nothing.`,
 			}
 			defer i.Close()
 			p.ID, p.Actor, p.DryRun = rid, actor, dryRun
+			if !dryRun && !yes {
+				// Show what would go, fenced like the delete, and delete
+				// only the attempt the operator was shown.
+				check := p
+				check.DryRun = true
+				rec, err := i.store.Forget(ctx, check)
+				if err != nil {
+					return a.refusal(ctx, i, "forget", p.ID, p.Attempt, err)
+				}
+				if err := a.confirm(ctx, fmt.Sprintf("forget %s (key %s), %s at attempt %d? Its next delivery runs the handler again.",
+					rec.ID, text(rec.Key), rec.Status, rec.Attempt)); err != nil {
+					return err
+				}
+				p.Attempt = rec.Attempt
+			}
 			rec, err := i.store.Forget(ctx, p)
 			if err != nil {
 				return a.refusal(ctx, i, "forget", p.ID, p.Attempt, err)
@@ -180,6 +206,7 @@ changes nothing.`,
 	act.add(cmd)
 	cmd.Flags().Int64Var(&p.Attempt, "attempt", 0, "the attempt you inspected: refused if the record moved on since (default the current one)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be deleted, change nothing, write no audit entry")
+	addYesFlag(cmd, &yes)
 	return cmd
 }
 

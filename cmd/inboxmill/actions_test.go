@@ -103,7 +103,7 @@ func TestResolveAfterTakeOver(t *testing.T) {
 		for _, args := range [][]string{
 			{"resolve", "--digest", rec.Digest(), "--attempt", "1", "--to", "completed", "--reason", "seen in dashboard"},
 			{"resolve", "--digest", rec.Digest(), "--attempt", "1", "--to", "completed", "--reason", "seen in dashboard", "--dry-run"},
-			{"forget", "--digest", rec.Digest(), "--attempt", "1", "--reason", "run it again"},
+			{"forget", "--digest", rec.Digest(), "--attempt", "1", "--yes", "--reason", "run it again"},
 		} {
 			r := e.run(t, args...)
 			require.Equal(t, exitRefused, r.code, r.String())
@@ -182,7 +182,7 @@ func TestForget(t *testing.T) {
 		require.Equal(t, done, e.get(t, done.ID))
 		require.Empty(t, e.audit(t))
 
-		out = e.ok(t, "forget", "--operation", "ship", "--key", "evt-1", "--attempt", "1", "--reason", "carrier lost it", "--actor", "carol")
+		out = e.ok(t, "forget", "--operation", "ship", "--key", "evt-1", "--attempt", "1", "--yes", "--reason", "carrier lost it", "--actor", "carol")
 		require.Equal(t, "forgot ship/"+done.Digest()+" (key evt-1), completed at attempt 1: its next delivery runs the handler again\n"+
 			"audit: forget by carol, reason carrier lost it\n", out)
 		e.gone(t, done.ID)
@@ -194,18 +194,18 @@ func TestForget(t *testing.T) {
 
 		// A live lease: refused, dry run or not.
 		for _, dry := range []string{"--dry-run=false", "--dry-run"} {
-			r := e.run(t, "forget", "--digest", held.ID().Digest(), "--reason", "r", dry)
+			r := e.run(t, "forget", "--digest", held.ID().Digest(), "--reason", "r", "--yes", dry)
 			require.Equal(t, exitRefused, r.code, r.String())
 			require.Contains(t, r.stderr, "refused to forget ship/"+held.ID().Digest()+": a worker holds it under a live lease")
 		}
 		require.Equal(t, inbox.StatusProcessing, e.get(t, held.ID()).Status)
 
 		// A pending record can be forgotten (run it again).
-		e.ok(t, "forget", "--digest", pend.Digest(), "--operation", "ship", "--reason", "provider never got it")
+		e.ok(t, "forget", "--digest", pend.Digest(), "--operation", "ship", "--yes", "--reason", "provider never got it")
 		e.gone(t, pend.ID)
 		require.Len(t, e.audit(t), 2)
 
-		r := e.run(t, "forget", "--operation", "ship", "--key", "evt-1", "--reason", "again")
+		r := e.run(t, "forget", "--operation", "ship", "--key", "evt-1", "--yes", "--reason", "again")
 		require.Equal(t, exitNotFound, r.code)
 		require.Contains(t, r.stderr, "no record in table "+e.table)
 	})

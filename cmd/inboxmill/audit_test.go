@@ -19,8 +19,8 @@ func TestAudit(t *testing.T) {
 		done := e.completed(t, id("ship", "evt-1"))
 		e.expired(t, id("ship", "old-1"), "completed")
 		e.ok(t, "resolve", "--digest", pend.Digest(), "--to", "completed", "--reason", "seen at the provider", "--actor", "alice")
-		e.ok(t, "forget", "--digest", done.Digest(), "--reason", "carrier lost the parcel", "--actor", "bob")
-		e.ok(t, "purge", "--reason", "nightly", "--actor", "cron", "--progress=false")
+		e.ok(t, "forget", "--digest", done.Digest(), "--reason", "carrier lost the parcel", "--actor", "bob", "--yes")
+		e.ok(t, "purge", "--reason", "nightly", "--actor", "cron", "--progress=false", "--yes")
 
 		out := e.ok(t, "audit")
 		require.Regexp(t, `(?m)^AT\s+ACTOR\s+ACTION\s+RECORD\s+KEY\s+BEFORE\s+AFTER\s+COUNT\s+REASON$`, out)

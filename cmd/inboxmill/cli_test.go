@@ -207,7 +207,7 @@ func TestMissingTable(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			e := setup(t, kind) // a migrated table, so that the SQLite file exists
-			for _, args := range [][]string{{"stats"}, {"list"}, {"audit"}, {"purge", "--reason", "r"}} {
+			for _, args := range [][]string{{"stats"}, {"list"}, {"audit"}, {"purge", "--yes", "--reason", "r"}} {
 				r := runCmd(t, append(args, "--dsn", e.dsn, "--table", "never_migrated")...)
 				require.Equal(t, exitFailed, r.code, r.String())
 				require.Contains(t, r.stderr, "there is no inbox table never_migrated")

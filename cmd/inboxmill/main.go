@@ -19,7 +19,10 @@
 // mysql or sqlite; inferred from the DSN when left out) and --table
 // (default inbox). resolve, forget and purge take a required --reason and
 // --actor (default the OS user), and write an audit row in the transaction
-// of the change; --dry-run does every check and changes nothing.
+// of the change; --dry-run does every check and changes nothing. forget
+// and purge, which delete, ask on a terminal before they do; --yes goes
+// ahead without asking, and without it they refuse (exit 2) when standard
+// input is not a terminal.
 //
 // Exit status: 0 done, 1 failed, 2 usage error, 3 refused (the record
 // moved on, is held by a live lease, or is in a status the action does not
@@ -100,12 +103,16 @@ type app struct {
 	db             dbFlags
 	// actorDefault names the operator when --actor is not given.
 	actorDefault func() string
+	// isTerminal reports whether stdin is a terminal, where forget and
+	// purge ask before they act.
+	isTerminal func(io.Reader) bool
 }
 
 // run runs the command with args (without the program name) and returns
 // its exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return (&app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, actorDefault: osUser}).run(ctx, args)
+	return (&app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, actorDefault: osUser,
+		isTerminal: stdinTerminal}).run(ctx, args)
 }
 
 func (a *app) run(ctx context.Context, args []string) int {

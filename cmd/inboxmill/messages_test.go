@@ -60,7 +60,7 @@ func TestMissingRecordIsNotFound(t *testing.T) {
 		for _, args := range [][]string{
 			{"inspect"}, {"inspect", "-o", "json"},
 			{"resolve", "--to", "completed", "--reason", "r"}, {"resolve", "--to", "failed", "--reason", "r", "--dry-run"},
-			{"forget", "--reason", "r"}, {"forget", "--reason", "r", "--dry-run"},
+			{"forget", "--reason", "r", "--yes"}, {"forget", "--reason", "r", "--dry-run"},
 			{"audit"}, {"audit", "-o", "json"},
 		} {
 			for _, name := range [][]string{byKey, byDigest} {
@@ -121,7 +121,7 @@ func TestMessagesDoNotRepeatThemselves(t *testing.T) {
 			want string
 		}{
 			{[]string{"resolve", "--operation", "ship", "--key", "a\xffb", "--to", "failed", "--reason", "r"}, exitUsage, "--key is not valid UTF-8"},
-			{[]string{"forget", "--operation", "ship", "--key", long, "--reason", "r"}, exitUsage, "--key is 256 bytes, more than 255"},
+			{[]string{"forget", "--yes", "--operation", "ship", "--key", long, "--reason", "r"}, exitUsage, "--key is 256 bytes, more than 255"},
 			{[]string{"inspect", "--operation", "ship", "--key", "a\x00b"}, exitUsage, "--key contains a NUL byte"},
 			{[]string{"inspect", "--scope", "\xff", "--operation", "ship", "--key", "k"}, exitUsage, "--scope is not valid UTF-8"},
 			{[]string{"audit", "--operation", "\xff", "--key", "k"}, exitUsage, "--operation is not valid UTF-8"},
@@ -135,7 +135,7 @@ func TestMessagesDoNotRepeatThemselves(t *testing.T) {
 				"--error is stored only with --to failed"},
 			{[]string{"resolve", "--digest", done.Digest(), "--to", "completed", "--reason", strings.Repeat("r", inbox.MaxReasonLen+1)},
 				exitUsage, "--reason is 2049 bytes, more than 2048"},
-			{[]string{"forget", "--digest", done.Digest(), "--actor", "\xff", "--reason", "r"}, exitUsage, "--actor is not valid UTF-8"},
+			{[]string{"forget", "--yes", "--digest", done.Digest(), "--actor", "\xff", "--reason", "r"}, exitUsage, "--actor is not valid UTF-8"},
 			{[]string{"list", "--operation", "\xff"}, exitUsage, "--operation is not valid UTF-8"},
 			{[]string{"list", "--after", "garbage"}, exitUsage, "--after: the cursor is not one a listing returned"},
 			{[]string{"audit", "--after", "garbage"}, exitUsage, "--after: the cursor is not one a listing returned"},
