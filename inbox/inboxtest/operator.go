@@ -885,6 +885,8 @@ func runOperator(t *testing.T, h Harness) {
 			require.NoError(t, err)
 		}
 		step()
+		// A purge that deletes nothing is no audit event: give it a record.
+		b.seed(t, "expired", 1, inbox.StatusCompleted, clk.Now().Add(-time.Hour))
 		_, err := b.store.Purge(b.ctx, inbox.PurgeParams{Audit: &inbox.Actor{Name: "cron", Reason: "nightly"}})
 		require.NoError(t, err)
 
