@@ -14,7 +14,9 @@ import (
 // PurgeParams are the inputs of [Store.Purge].
 type PurgeParams struct {
 	// Before: records whose expires_at is earlier are deleted. Defaults to
-	// the store's current time.
+	// the store's current time. A time before the year 1 or after 9999 is
+	// taken as that bound (no record expires outside it), which every
+	// database's time column holds.
 	Before time.Time
 	// BatchSize is how many records one statement deletes. Each batch is
 	// its own short transaction, so concurrent claims wait at most for one
@@ -69,6 +71,7 @@ func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
 	if p.Before.IsZero() {
 		p.Before = s.now()
 	}
+	p.Before = storableTime(p.Before)
 	if p.BatchSize <= 0 {
 		p.BatchSize = DefaultPurgeBatchSize
 	}
