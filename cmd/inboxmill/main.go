@@ -168,7 +168,10 @@ is held by a live lease, or is in a status the action does not apply to),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return a.fromEnv(cmd)
+			if err := a.fromEnv(cmd); err != nil {
+				return err
+			}
+			return a.checkDBFlags()
 		},
 	}
 	root.SetIn(a.stdin)
@@ -238,6 +241,27 @@ func flagError(err error) error {
 		return err
 	}
 	return &shownError{msg: msg, err: err}
+}
+
+// checkDBFlags refuses the shared flags' values that would otherwise be
+// taken silently for something else: a connect timeout that is not
+// positive (it meant the default), a partition layout no store runs with.
+func (a *app) checkDBFlags() error {
+	var errs []error
+	if a.db.connectTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--connect-timeout %v: want a positive duration", a.db.connectTimeout))
+	}
+	// The rest of a layout is checked against the table's own.
+	if w := a.db.partitionWidth; w < time.Minute || w%time.Minute != 0 {
+		errs = append(errs, fmt.Errorf("--partition-width %v: want a positive whole number of minutes", w))
+	}
+	if r := a.db.partitionRetention; r <= 0 {
+		errs = append(errs, fmt.Errorf("--partition-retention %v: want a positive duration", r))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return usageErr(err)
+	}
+	return nil
 }
 
 // noArgs is cobra.NoArgs as a usage error.

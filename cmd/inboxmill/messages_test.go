@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -168,5 +169,26 @@ func TestRepeats(t *testing.T) {
 		"inboxmill resolve: inbox: resolve: ERROR: connection refused (SQLSTATE 08006)": false,
 	} {
 		require.Equal(t, want, repeats(msg) != "", msg)
+	}
+}
+
+// TestSharedFlagsRefuseWhatTheyWouldMisread: a connect timeout or a
+// partition layout that cannot mean what it says is a usage error, not
+// the default taken in silence.
+func TestSharedFlagsRefuseWhatTheyWouldMisread(t *testing.T) {
+	dsn := filepath.Join(t.TempDir(), "inbox.db")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--connect-timeout", "-5s"}, "--connect-timeout -5s: want a positive duration"},
+		{[]string{"--connect-timeout", "0s"}, "--connect-timeout 0s: want a positive duration"},
+		{[]string{"--partition-width", "-1h"}, "--partition-width -1h0m0s: want a positive whole number of minutes"},
+		{[]string{"--partition-width", "90s"}, "--partition-width 1m30s: want a positive whole number of minutes"},
+		{[]string{"--partition-retention", "-24h"}, "--partition-retention -24h0m0s: want a positive duration"},
+	} {
+		r := runCmd(t, append([]string{"stats", "--dsn", dsn}, c.args...)...)
+		require.Equal(t, exitUsage, r.code, "%q\n%s", c.args, r)
+		require.Contains(t, r.stderr, c.want, "%q", c.args)
 	}
 }
