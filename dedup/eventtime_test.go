@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,13 +32,39 @@ func TestEventTimeFromMetadata(t *testing.T) {
 		require.NoError(t, err, in)
 		assert.True(t, want.Equal(got), "%s: %v", in, got)
 	}
-	for _, bad := range []string{"", "yesterday", "-5", "2026-11-30"} {
+	for _, bad := range []string{"", "yesterday", "-5", "2026-11-30",
+		"0", "9223372036854775807", "9223372036854775808", // the epoch itself; the largest int64; beyond it
+		"1764496800000000",          // microseconds where milliseconds belong: the year 57,884
+		"253402300800000",           // 10000-01-01 in milliseconds
+		"1969-12-31T23:59:59Z",      // before the epoch
+		"0001-01-01T00:00:00Z",      // the zero time.Time, which would read as "no event time"
+		"9999-12-31T23:00:00-01:00", // the year 10000 in UTC
+		"2026-11-30T10:00:00+25:00", // no such offset
+		"2026-02-30T10:00:00Z",      // no such day
+		"2026-11-30t10:00:00z",      // RFC 3339 allows lower case; Go's parser does not
+		" 2026-11-30T10:00:00Z",     // surrounding space
+		"2026-11-30T10:00:00Z\x00",  // a NUL byte
+		strings.Repeat("9", 1<<20),  // a megabyte of digits
+	} {
 		md := []string{}
 		if bad != "" {
 			md = []string{"event_time", bad}
 		}
 		_, err := get(deduptest.NewMessage("e", `{}`, md...))
-		assert.Error(t, err, "%q", bad)
+		if assert.Error(t, err, "%.40q", bad) {
+			assert.Less(t, len(err.Error()), 200, "the error cuts the value: %.100s", err)
+		}
+	}
+	// Odd but meaningful forms are read as the instant they name.
+	for in, want := range map[string]time.Time{
+		"+1764496800000":                    time.UnixMilli(1764496800000).UTC(),
+		"253402300799999":                   time.Date(9999, 12, 31, 23, 59, 59, 999_000_000, time.UTC),
+		"2026-11-30T10:00:00+23:59":         time.Date(2026, 11, 29, 10, 1, 0, 0, time.UTC),
+		"2026-11-30T10:00:00.123456789123Z": time.Date(2026, 11, 30, 10, 0, 0, 123456789, time.UTC), // Go keeps nine digits
+	} {
+		got, err := get(deduptest.NewMessage("e", `{}`, "event_time", in))
+		require.NoError(t, err, in)
+		assert.True(t, want.Equal(got), "%s: %v", in, got)
 	}
 }
 
@@ -47,7 +74,14 @@ func TestUUIDv7Time(t *testing.T) {
 	got, err := dedup.UUIDv7Time("017f22e2-79b0-7cc3-98c4-dc0c0c07398f")
 	require.NoError(t, err)
 	assert.Equal(t, time.Date(2022, 2, 22, 19, 22, 22, 0, time.UTC), got)
-	for _, bad := range []string{"", "evt-1", "6ba7b810-9dad-41d1-80b4-00c04fd430c8", "017f22e2-79b0-7cc3-98c4-dc0c0c07398z"} {
+	for _, bad := range []string{"", "evt-1", "6ba7b810-9dad-41d1-80b4-00c04fd430c8", "017f22e2-79b0-7cc3-98c4-dc0c0c07398z",
+		"017f22e2-79b0-7cc3-18c4-dc0c0c07398f", // variant 0: not an RFC 9562 UUID
+		"017f22e2-79b0-7cc3-e8c4-dc0c0c07398f", // variant 11 (reserved)
+		"00000000-0000-7000-8000-000000000000", // the epoch itself
+		"ffffffff-ffff-7fff-bfff-ffffffffffff", // the year 10889
+		"017f22e279b07cc398c4dc0c0c07398f",     // no hyphens
+		"017f22e-279b0-7cc3-98c4-dc0c0c07398f", // hyphens moved
+	} {
 		_, err := dedup.UUIDv7Time(bad)
 		assert.Error(t, err, bad)
 	}

@@ -185,6 +185,9 @@ func (s *Store) beyondRetention(ctx context.Context, q DBTX, what string, id ID,
 // caller can commit the claim without the result (MySQL would otherwise
 // close the connection, and the transaction with it, at every attempt).
 func (s *Store) SaveOutput(ctx context.Context, q DBTX, rec *Record, result []byte) error {
+	if rec == nil {
+		return fmt.Errorf("%w: save output of a nil record", ErrIllegalTransition)
+	}
 	if rec.Status != StatusCompleted {
 		return fmt.Errorf("%w: output is stored with a completed record, not a %s one", ErrIllegalTransition, rec.Status)
 	}
@@ -203,8 +206,14 @@ func (s *Store) SaveOutput(ctx context.Context, q DBTX, rec *Record, result []by
 	return nil
 }
 
-// Get reads one record through q, or returns [ErrNotFound].
+// Get reads one record through q, or returns [ErrNotFound]. An id no
+// record can have ([ID.Validate]) is [ErrInvalidKey], without a statement:
+// PostgreSQL would refuse its invalid UTF-8 or NUL bytes with an error
+// of its own.
 func (s *Store) Get(ctx context.Context, q DBTX, id ID) (*Record, error) {
+	if err := id.Validate(); err != nil {
+		return nil, fmt.Errorf("inbox: get: %w", err)
+	}
 	rec, err := scanRecord(s.queryRow(ctx, q, s.q.selectOne, &params{id: id}))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
@@ -216,9 +225,12 @@ func (s *Store) Get(ctx context.Context, q DBTX, id ID) (*Record, error) {
 }
 
 // Delete removes one record through q. It reports [ErrNotFound] when there
-// was none. Deleting a record forgets the intent: a later delivery of the
-// same key runs again.
+// was none, and [ErrInvalidKey] for an id no record can have. Deleting a
+// record forgets the intent: a later delivery of the same key runs again.
 func (s *Store) Delete(ctx context.Context, q DBTX, id ID) error {
+	if err := id.Validate(); err != nil {
+		return fmt.Errorf("inbox: delete: %w", err)
+	}
 	res, err := s.exec(ctx, q, s.q.del, &params{id: id})
 	if err != nil {
 		return fmt.Errorf("inbox: delete: %w", s.Classify(err))

@@ -114,10 +114,12 @@ func (id ID) IdempotencyKey() string {
 // String returns the digest form, "operation/digest", so that an ID
 // printed by accident does not leak its key. An operation holding a
 // character that is not printable (a terminal escape, a newline) is
-// quoted, so that printing an ID cannot drive the terminal it lands on.
+// quoted, so that printing an ID cannot drive the terminal it lands on;
+// so is one holding bytes that are not UTF-8 (0x9b starts a control
+// sequence on a terminal that reads Latin-1).
 func (id ID) String() string {
 	op := id.Operation
-	if strings.IndexFunc(op, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+	if !utf8.ValidString(op) || strings.IndexFunc(op, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
 		op = strconv.Quote(op)
 	}
 	return op + "/" + id.Digest()

@@ -21,6 +21,11 @@ func TestIDStringIsSafeToPrint(t *testing.T) {
 	require.False(t, strings.ContainsAny(s, "\x1b\a"), "%q", s)
 	require.Equal(t, `"op\x1b[2J\x1b]0;PWNED\a"/`+evil.Digest(), s)
 
+	// Bytes that are not UTF-8 come out escaped too: 0x9b starts a
+	// control sequence on a terminal that reads Latin-1.
+	raw := inbox.ID{Operation: "op\x9b2J\xff", Key: "k"}
+	require.Equal(t, `"op\x9b2J\xff"/`+raw.Digest(), raw.String())
+
 	uni := inbox.ID{Operation: "versand_lieferung_ü", Key: "k"}
 	require.Equal(t, "versand_lieferung_ü/"+uni.Digest(), uni.String(), "printable text is left alone")
 }

@@ -148,6 +148,9 @@ type TakeOverParams struct {
 // A record that is not processing, or whose lease is live by the store's
 // clock ([Record.LeaseExpired]), is refused with [ErrIllegalTransition].
 func (s *Store) TakeOver(ctx context.Context, rec *Record, p TakeOverParams) (*Lease, error) {
+	if rec == nil {
+		return nil, fmt.Errorf("%w: take over a nil record", ErrIllegalTransition)
+	}
 	if err := checkLeaseParams(p.Owner, p.Lease); err != nil {
 		return nil, err
 	}
@@ -184,6 +187,9 @@ func (s *Store) TakeOver(ctx context.Context, rec *Record, p TakeOverParams) (*L
 // and the intent should run again, Pend to leave it pending (touched, so
 // that scans page past it).
 func (s *Store) FencePending(rec *Record) (*Lease, error) {
+	if rec == nil {
+		return nil, fmt.Errorf("%w: fence a nil record as pending", ErrIllegalTransition)
+	}
 	if rec.Status != StatusPending {
 		return nil, fmt.Errorf("%w: fence a %s record as pending", ErrIllegalTransition, rec.Status)
 	}
@@ -212,18 +218,40 @@ func (s *Store) newLease(rec *Record, retention time.Duration) *Lease {
 	return &Lease{store: s, rec: *rec, retention: retention, until: rec.LeaseUntil}
 }
 
+// A nil *Lease, or one a store did not hand out (&Lease{}), holds
+// nothing: its accessors return zero values and its transitions
+// ErrIllegalTransition, never a panic.
+
 // ID is the intent the lease holds.
-func (l *Lease) ID() ID { return l.rec.ID }
+func (l *Lease) ID() ID {
+	if l == nil {
+		return ID{}
+	}
+	return l.rec.ID
+}
 
 // Attempt is the fencing token the lease holds.
-func (l *Lease) Attempt() int64 { return l.rec.Attempt }
+func (l *Lease) Attempt() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.rec.Attempt
+}
 
 // Owner is the lease owner ("" for a pending record's handle).
-func (l *Lease) Owner() string { return l.rec.LeaseOwner }
+func (l *Lease) Owner() string {
+	if l == nil {
+		return ""
+	}
+	return l.rec.LeaseOwner
+}
 
 // Until is when the lease runs out by the store's clock (zero for a
 // pending record's handle).
 func (l *Lease) Until() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.until
@@ -232,6 +260,9 @@ func (l *Lease) Until() time.Time {
 // Extend moves the lease to d from now, while the record is still this
 // handle's processing record.
 func (l *Lease) Extend(ctx context.Context, d time.Duration) error {
+	if l == nil {
+		return errNoLease("extend")
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.check("extend", StatusProcessing); err != nil {
@@ -288,6 +319,9 @@ func (l *Lease) Fail(ctx context.Context, reason string) error {
 // scans in update order page past it; reason, when not empty, replaces its
 // error.
 func (l *Lease) Pend(ctx context.Context, externalRef, reason string) error {
+	if l == nil {
+		return errNoLease("pend")
+	}
 	p := &params{externalRef: externalRef, errS: reason}
 	if l.rec.Status == StatusPending {
 		p.result, p.resourceID = l.rec.Result, l.rec.ResourceID
@@ -311,6 +345,9 @@ func (l *Lease) Release(ctx context.Context, reason string) error {
 // the record is in the state asked for, with the error column saying what
 // is missing.
 func (l *Lease) Dropped() string {
+	if l == nil {
+		return ""
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.dropped
@@ -327,6 +364,9 @@ func (l *Lease) Dropped() string {
 // error saying why, no result, no reference. Only when that fails too —
 // the database is down — does the record stay as it was.
 func (l *Lease) transition(ctx context.Context, what string, to Status, p *params, renew bool) error {
+	if l == nil {
+		return errNoLease(what)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.transitionLocked(ctx, what, to, p, renew)
@@ -407,12 +447,19 @@ func joinDropped(a, b string) string {
 // record in another status than the handle holds it in.
 func (l *Lease) check(what string, need Status) error {
 	switch {
+	case l.store == nil:
+		return errNoLease(what)
 	case l.ended:
 		return fmt.Errorf("%w: %s through a lease that already ended", ErrIllegalTransition, what)
 	case l.rec.Status != need:
 		return fmt.Errorf("%w: %s a %s record", ErrIllegalTransition, what, l.rec.Status)
 	}
 	return nil
+}
+
+// errNoLease refuses what on a lease no store handed out.
+func errNoLease(what string) error {
+	return fmt.Errorf("%w: %s through a nil lease, or one no store handed out", ErrIllegalTransition, what)
 }
 
 // finish runs the Finish statement for id with p (attempt, from, to and

@@ -10,16 +10,43 @@ import (
 )
 
 // ListPending returns up to limit pending records, least recently updated
-// first.
+// first. A negative limit is [ErrInvalidParams].
 func (s *Store) ListPending(ctx context.Context, limit int) ([]*Record, error) {
+	if limit < 0 {
+		return nil, invalidParams("list pending", []error{fmt.Errorf("limit %d is negative", limit)})
+	}
 	return s.list(ctx, "list pending", s.q.selectPending, &params{limit: limit})
 }
 
 // ListStale returns up to limit processing records whose lease has expired
 // (or was released) and that nobody updated since updatedBefore: their
-// worker is gone and no redelivery took them over.
+// worker is gone and no redelivery took them over. A negative limit is
+// [ErrInvalidParams] (the databases read LIMIT -1 three ways).
 func (s *Store) ListStale(ctx context.Context, updatedBefore time.Time, limit int) ([]*Record, error) {
-	return s.list(ctx, "list stale", s.q.selectStale, &params{now: s.now(), before: updatedBefore, limit: limit})
+	if limit < 0 {
+		return nil, invalidParams("list stale", []error{fmt.Errorf("limit %d is negative", limit)})
+	}
+	return s.list(ctx, "list stale", s.q.selectStale, &params{now: s.now(), before: storableTime(updatedBefore), limit: limit})
+}
+
+// The times every dialect's time column holds: MySQL's DATETIME and its
+// driver stop at the years 1 and 9999. No time the store writes lies
+// outside (retentions and leases end within 292 years of now).
+var (
+	firstStorableTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	lastStorableTime  = time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+)
+
+// storableTime brings a caller's bound within what every dialect stores:
+// compared with stored times, the bound then selects what it did.
+func storableTime(t time.Time) time.Time {
+	switch {
+	case t.Before(firstStorableTime):
+		return firstStorableTime
+	case t.After(lastStorableTime):
+		return lastStorableTime
+	}
+	return t
 }
 
 func (s *Store) list(ctx context.Context, what string, st stmt, p *params) ([]*Record, error) {

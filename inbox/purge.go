@@ -14,7 +14,9 @@ import (
 // PurgeParams are the inputs of [Store.Purge].
 type PurgeParams struct {
 	// Before: records whose expires_at is earlier are deleted. Defaults to
-	// the store's current time.
+	// the store's current time. A time before the year 1 or after 9999 is
+	// taken as that bound (no record expires outside it), which every
+	// database's time column holds.
 	Before time.Time
 	// BatchSize is how many records one statement deletes. Each batch is
 	// its own short transaction, so concurrent claims wait at most for one
@@ -33,8 +35,8 @@ type PurgeParams struct {
 	// transaction that also inserts the entry (the first batch) or updates
 	// its count to the running total (later ones), so that however the run
 	// ends — finished, cancelled between batches, failed — the entry counts
-	// exactly the records its committed batches deleted. A run that finds
-	// nothing to delete is recorded too, with a count of 0. An unusable
+	// exactly the records its committed batches deleted. A run that
+	// deletes nothing changed nothing and writes no entry. An unusable
 	// actor is refused with [ErrInvalidParams] before anything is deleted.
 	Audit *Actor
 	// Progress, when set, is called after each committed batch with the
@@ -51,7 +53,7 @@ type PurgeResult struct {
 	// Partitions counts the partitions dropped (partitioned tables only).
 	Partitions int
 	// AuditID is the run's audit entry (PurgeParams.Audit); "" when none
-	// was written.
+	// was written: without Audit, or when nothing was deleted.
 	AuditID string
 }
 
@@ -69,6 +71,7 @@ func (s *Store) Purge(ctx context.Context, p PurgeParams) (PurgeResult, error) {
 	if p.Before.IsZero() {
 		p.Before = s.now()
 	}
+	p.Before = storableTime(p.Before)
 	if p.BatchSize <= 0 {
 		p.BatchSize = DefaultPurgeBatchSize
 	}
@@ -134,8 +137,9 @@ func (s *Store) purgeBatch(ctx context.Context, q DBTX, p PurgeParams) (int64, e
 }
 
 // auditedPurgeBatch deletes one batch in a transaction that also writes
-// the run's audit entry: inserted by the first batch (r.AuditID is then
-// set), its count updated by later ones that deleted anything.
+// the run's audit entry: inserted by the first batch that deletes
+// anything (r.AuditID is then set), its count updated by later ones that
+// deleted anything.
 func (s *Store) auditedPurgeBatch(ctx context.Context, p PurgeParams, r *PurgeResult) (_ int64, err error) {
 	tx, err := s.db.BeginTx(txContext(ctx), nil)
 	if err != nil {
@@ -162,11 +166,15 @@ func (s *Store) auditedPurgeBatch(ctx context.Context, p PurgeParams, r *PurgeRe
 }
 
 // auditPurge writes, in tx, the run's audit entry with r.Deleted + n
-// records: it inserts it when r has none yet, and updates its count
-// otherwise. It returns the entry's ID, for r.AuditID once tx commits.
+// records (a dropped partition's count included): it inserts it when r
+// has none yet, and updates its count otherwise; while nothing has been
+// deleted it writes nothing. It returns the entry's ID ("" while there is
+// none), for r.AuditID once tx commits.
 func (s *Store) auditPurge(ctx context.Context, tx *sql.Tx, p PurgeParams, r *PurgeResult, n int64) (_ string, err error) {
 	id := r.AuditID
 	switch {
+	case id == "" && r.Deleted+n == 0:
+		return "", nil // nothing changed: nothing to account for
 	case id == "":
 		now := s.now()
 		id = newAuditID(now)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -26,6 +27,8 @@ func (a *app) actorOf(f actorFlags) (inbox.Actor, error) {
 	var errs []error
 	if strings.TrimSpace(f.reason) == "" {
 		errs = append(errs, errors.New("--reason is required: it is written to the audit trail"))
+	} else if err := inbox.CheckText(f.reason, inbox.MaxReasonLen); err != nil {
+		errs = append(errs, fmt.Errorf("--reason %w", err))
 	}
 	name := f.actor
 	if name == "" {
@@ -33,6 +36,8 @@ func (a *app) actorOf(f actorFlags) (inbox.Actor, error) {
 	}
 	if strings.TrimSpace(name) == "" {
 		errs = append(errs, errors.New("--actor is required: there is no OS user name to default to"))
+	} else if err := inbox.CheckText(name, inbox.MaxActorLen); err != nil {
+		errs = append(errs, fmt.Errorf("--actor %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return inbox.Actor{}, usageErr(err)
@@ -77,6 +82,16 @@ the reason are written to the audit trail in the transaction of the change.
 			default:
 				errs = append(errs, fmt.Errorf("--to %q: want completed or failed (to run it again, use inboxmill forget)", to))
 			}
+			if p.ExternalRef != "" && p.To == inbox.StatusFailed {
+				errs = append(errs, errors.New("--external-ref is stored only with --to completed"))
+			} else if err := inbox.CheckText(p.ExternalRef, inbox.MaxExternalRefLen); err != nil {
+				errs = append(errs, fmt.Errorf("--external-ref %w", err))
+			}
+			if p.Error != "" && p.To == inbox.StatusCompleted {
+				errs = append(errs, errors.New("--error is stored only with --to failed"))
+			} else if err := inbox.CheckText(p.Error, inbox.MaxErrorLen); err != nil {
+				errs = append(errs, fmt.Errorf("--error %w", err))
+			}
 			ctx := cmd.Context()
 			i, rid, actor, err := a.startAction(ctx, errs, &id, act, p.Attempt)
 			if err != nil {
@@ -119,6 +134,7 @@ func (a *app) forgetCmd() *cobra.Command {
 		act    actorFlags
 		p      inbox.ForgetParams
 		dryRun bool
+		yes    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "forget (--operation NAME --key KEY [--scope SCOPE] | --digest HEX) --reason TEXT",
@@ -131,13 +147,23 @@ is refused when the record moved to another attempt since you inspected it.
 
 The record as it was, the actor and the reason are written to the audit trail
 in the transaction of the delete. --dry-run shows what it would delete and
-changes nothing.`,
+changes nothing.
+
+On a terminal it shows the record and asks before deleting it, and the
+delete then applies only to the attempt it showed; --yes goes ahead
+without asking (for scripts). Without --yes, when standard input is not a
+terminal, it refuses (exit 2).`,
 		Example: `  inboxmill forget --operation ship_order --key evt-42 --attempt 2 --reason 'carrier lost the parcel' --dry-run`,
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var errs []error
 			if err := id.check(cmd); err != nil {
 				errs = append(errs, err)
+			}
+			if !dryRun {
+				if err := a.mayAsk(cmd, yes); err != nil {
+					errs = append(errs, err)
+				}
 			}
 			ctx := cmd.Context()
 			i, rid, actor, err := a.startAction(ctx, errs, &id, act, p.Attempt)
@@ -146,6 +172,21 @@ changes nothing.`,
 			}
 			defer i.Close()
 			p.ID, p.Actor, p.DryRun = rid, actor, dryRun
+			if !dryRun && !yes {
+				// Show what would go, fenced like the delete, and delete
+				// only the attempt the operator was shown.
+				check := p
+				check.DryRun = true
+				rec, err := i.store.Forget(ctx, check)
+				if err != nil {
+					return a.refusal(ctx, i, "forget", p.ID, p.Attempt, err)
+				}
+				if err := a.confirm(ctx, fmt.Sprintf("forget %s (key %s), %s at attempt %d? Its next delivery runs the handler again.",
+					rec.ID, text(rec.Key), rec.Status, rec.Attempt)); err != nil {
+					return err
+				}
+				p.Attempt = rec.Attempt
+			}
 			rec, err := i.store.Forget(ctx, p)
 			if err != nil {
 				return a.refusal(ctx, i, "forget", p.ID, p.Attempt, err)
@@ -165,6 +206,7 @@ changes nothing.`,
 	act.add(cmd)
 	cmd.Flags().Int64Var(&p.Attempt, "attempt", 0, "the attempt you inspected: refused if the record moved on since (default the current one)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be deleted, change nothing, write no audit entry")
+	addYesFlag(cmd, &yes)
 	return cmd
 }
 
@@ -210,7 +252,9 @@ func (a *app) recordID(ctx context.Context, i *inboxDB, id *idFlags) (inbox.ID, 
 }
 
 // refusal turns the store's refusal of an action into a message that says
-// what the record is now and what to do; other errors pass through.
+// what the record is now and what to do; other errors pass through. The
+// message says what the store's error would, so it is shown instead of
+// that error's chain, which stays underneath for errors.Is.
 func (a *app) refusal(ctx context.Context, i *inboxDB, action string, id inbox.ID, attempt int64, err error) error {
 	now := func() *inbox.Record {
 		rec, gerr := i.store.Get(ctx, i.db, id)
@@ -219,34 +263,87 @@ func (a *app) refusal(ctx context.Context, i *inboxDB, action string, id inbox.I
 		}
 		return rec
 	}
+	shown := func(format string, args ...any) error {
+		return &shownError{msg: fmt.Sprintf(format, args...), err: err}
+	}
 	switch {
 	case errors.Is(err, inbox.ErrNotFound):
-		return fmt.Errorf("refused to %s %s: no such record (someone forgot it, or the purge deleted it): %w", action, id, err)
+		// Found by digest a moment ago, or named by key: gone either way.
+		return &shownError{msg: fmt.Sprintf("%s: %s in table %s has scope %s, operation %s and key %s (digest %s): "+
+			"there is nothing to %s (someone forgot it, or the purge deleted it)", action, errNoRecord, i.table,
+			text(id.Scope), text(id.Operation), text(id.Key), id.Digest(), action), err: errors.Join(errNoRecord, err)}
 	case errors.Is(err, inbox.ErrLeaseLost):
+		rec := now()
+		if rec != nil && attempt != 0 && rec.Attempt < attempt {
+			// Attempts only grow: no worker moved the record down to its
+			// attempt. The operator mistyped, or the record seen at
+			// attempt was forgotten and its key claimed anew since.
+			return refusedErr(shown("refused to %s %s: it is %s, not %d: no worker took it over "+
+				"(attempts only grow); check --attempt against inspect (if inspect showed attempt %d, the record was "+
+				"forgotten and claimed anew since)", action, id, recordState(rec, i.store.Now()), attempt, attempt))
+		}
 		msg := fmt.Sprintf("refused to %s %s: it is no longer at attempt %d", action, id, attempt)
 		if attempt == 0 {
 			msg = fmt.Sprintf("refused to %s %s: it moved on while being changed", action, id)
 		}
-		if rec := now(); rec != nil {
-			msg += fmt.Sprintf(": a worker took it over, it is %s at attempt %d (%s)", rec.Status, rec.Attempt,
-				leaseState(rec, i.store.Now()))
+		if rec != nil {
+			msg += ": a worker took it over, it is " + recordState(rec, i.store.Now())
 		}
-		return refusedErr(fmt.Errorf("%s; inspect it again before acting: %w", msg, err))
+		return refusedErr(shown("%s; inspect it again before acting", msg))
 	case errors.Is(err, inbox.ErrLeaseLive):
 		msg := fmt.Sprintf("refused to %s %s: a worker holds it under a live lease", action, id)
 		if rec := now(); rec != nil {
 			msg += fmt.Sprintf(" (%s, %s)", optional(rec.LeaseOwner), leaseState(rec, i.store.Now()))
 		}
-		return refusedErr(fmt.Errorf("%s; let it finish, or try again once the lease has expired: %w", msg, err))
+		return refusedErr(shown("%s; let it finish, or try again once the lease has expired", msg))
 	case errors.Is(err, inbox.ErrNotResolvable):
 		msg := fmt.Sprintf("refused to %s %s", action, id)
 		if rec := now(); rec != nil {
 			msg += fmt.Sprintf(": it is %s", rec.Status)
 		}
-		return refusedErr(fmt.Errorf("%s; only pending records, and processing ones whose lease expired, can be resolved "+
-			"(to run a finished one again, forget it): %w", msg, err))
+		return refusedErr(shown("%s; only pending records, and processing ones whose lease expired, can be resolved "+
+			"(to run a finished one again, forget it)", msg))
 	case errors.Is(err, inbox.ErrInvalidParams), errors.Is(err, inbox.ErrInvalidKey):
-		return usageErr(err)
+		return usageErr(shown("%s", invalidReasons(err)))
 	}
 	return i.target.scrub(err)
+}
+
+// invalidReasons returns what the store found wrong with parameters it
+// refused with ErrInvalidParams: the reasons it joined under the
+// sentinel, without the "inbox: resolve: inbox: invalid parameters: "
+// they are wrapped in. The flags are checked before the store is called,
+// so this is a backstop; err's text is used when the chain has no such
+// reasons.
+func invalidReasons(err error) string {
+	for e := err; e != nil; {
+		if multi, ok := e.(interface{ Unwrap() []error }); ok {
+			var reasons []string
+			found := false
+			for _, c := range multi.Unwrap() {
+				if c == inbox.ErrInvalidParams {
+					found = true
+				} else if c != nil {
+					reasons = append(reasons, strings.ReplaceAll(c.Error(), "\n", "; "))
+				}
+			}
+			if found && len(reasons) > 0 {
+				return strings.Join(reasons, "; ")
+			}
+			return err.Error()
+		}
+		e = errors.Unwrap(e)
+	}
+	return err.Error()
+}
+
+// recordState renders a record's status and attempt for a refusal, with
+// its lease while it is processing: "pending at attempt 1", "processing at
+// attempt 2 (live, 59m left)".
+func recordState(rec *inbox.Record, now time.Time) string {
+	s := fmt.Sprintf("%s at attempt %d", rec.Status, rec.Attempt)
+	if rec.Status == inbox.StatusProcessing {
+		s += " (" + leaseState(rec, now) + ")"
+	}
+	return s
 }

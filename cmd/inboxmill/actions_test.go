@@ -78,11 +78,11 @@ func TestResolve(t *testing.T) {
 		require.Equal(t, exitRefused, r.code, "a dry run refuses what the change would")
 
 		r = e.run(t, "resolve", "--operation", "charge", "--key", "nope", "--to", "completed", "--reason", "r")
-		require.Equal(t, exitFailed, r.code)
-		require.Contains(t, r.stderr, "no such record")
+		require.Equal(t, exitNotFound, r.code)
+		require.Contains(t, r.stderr, "no record in table "+e.table)
 		r = e.run(t, "resolve", "--operation", "charge", "--key", "pi-3", "--to", "failed", "--external-ref", "x", "--reason", "r")
 		require.Equal(t, exitUsage, r.code, "the store's ErrInvalidParams is a usage error")
-		require.Contains(t, r.stderr, "external reference is stored only when resolving as completed")
+		require.Contains(t, r.stderr, "--external-ref is stored only with --to completed")
 		require.Len(t, e.audit(t), 2)
 	})
 }
@@ -103,7 +103,7 @@ func TestResolveAfterTakeOver(t *testing.T) {
 		for _, args := range [][]string{
 			{"resolve", "--digest", rec.Digest(), "--attempt", "1", "--to", "completed", "--reason", "seen in dashboard"},
 			{"resolve", "--digest", rec.Digest(), "--attempt", "1", "--to", "completed", "--reason", "seen in dashboard", "--dry-run"},
-			{"forget", "--digest", rec.Digest(), "--attempt", "1", "--reason", "run it again"},
+			{"forget", "--digest", rec.Digest(), "--attempt", "1", "--yes", "--reason", "run it again"},
 		} {
 			r := e.run(t, args...)
 			require.Equal(t, exitRefused, r.code, r.String())
@@ -182,7 +182,7 @@ func TestForget(t *testing.T) {
 		require.Equal(t, done, e.get(t, done.ID))
 		require.Empty(t, e.audit(t))
 
-		out = e.ok(t, "forget", "--operation", "ship", "--key", "evt-1", "--attempt", "1", "--reason", "carrier lost it", "--actor", "carol")
+		out = e.ok(t, "forget", "--operation", "ship", "--key", "evt-1", "--attempt", "1", "--yes", "--reason", "carrier lost it", "--actor", "carol")
 		require.Equal(t, "forgot ship/"+done.Digest()+" (key evt-1), completed at attempt 1: its next delivery runs the handler again\n"+
 			"audit: forget by carol, reason carrier lost it\n", out)
 		e.gone(t, done.ID)
@@ -194,19 +194,43 @@ func TestForget(t *testing.T) {
 
 		// A live lease: refused, dry run or not.
 		for _, dry := range []string{"--dry-run=false", "--dry-run"} {
-			r := e.run(t, "forget", "--digest", held.ID().Digest(), "--reason", "r", dry)
+			r := e.run(t, "forget", "--digest", held.ID().Digest(), "--reason", "r", "--yes", dry)
 			require.Equal(t, exitRefused, r.code, r.String())
 			require.Contains(t, r.stderr, "refused to forget ship/"+held.ID().Digest()+": a worker holds it under a live lease")
 		}
 		require.Equal(t, inbox.StatusProcessing, e.get(t, held.ID()).Status)
 
 		// A pending record can be forgotten (run it again).
-		e.ok(t, "forget", "--digest", pend.Digest(), "--operation", "ship", "--reason", "provider never got it")
+		e.ok(t, "forget", "--digest", pend.Digest(), "--operation", "ship", "--yes", "--reason", "provider never got it")
 		e.gone(t, pend.ID)
 		require.Len(t, e.audit(t), 2)
 
-		r := e.run(t, "forget", "--operation", "ship", "--key", "evt-1", "--reason", "again")
-		require.Equal(t, exitFailed, r.code)
-		require.Contains(t, r.stderr, "no such record")
+		r := e.run(t, "forget", "--operation", "ship", "--key", "evt-1", "--yes", "--reason", "again")
+		require.Equal(t, exitNotFound, r.code)
+		require.Contains(t, r.stderr, "no record in table "+e.table)
+	})
+}
+
+// TestWrongAttemptIsNotATakeOver: an --attempt above the record's is a
+// mistake of the operator's (or the record was forgotten and claimed anew
+// since), never a worker's take-over, and the refusal says so; an attempt
+// a worker has moved past is still told as a take-over.
+func TestWrongAttemptIsNotATakeOver(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		pend := e.pending(t, id("charge", "pi-1"), false)
+		done := e.completed(t, id("ship", "evt-1"))
+		for _, args := range [][]string{
+			{"resolve", "--digest", pend.Digest(), "--attempt", "5", "--to", "completed", "--reason", "r"},
+			{"resolve", "--digest", pend.Digest(), "--attempt", "5", "--to", "completed", "--reason", "r", "--dry-run"},
+			{"forget", "--digest", done.Digest(), "--attempt", "5", "--reason", "r", "--dry-run"},
+		} {
+			r := e.run(t, args...)
+			require.Equal(t, exitRefused, r.code, r.String())
+			require.NotContains(t, r.stderr, "a worker took it over", r.String())
+			require.Contains(t, r.stderr, "at attempt 1, not 5: no worker took it over (attempts only grow);", r.String())
+			require.Contains(t, r.stderr, "check --attempt against inspect", r.String())
+		}
+		require.Equal(t, pend, e.get(t, pend.ID))
+		require.Empty(t, e.audit(t))
 	})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,7 +74,8 @@ reads everything.`,
 				f.After = next
 				page, n, err := i.store.ListAudit(ctx, f)
 				if errors.Is(err, inbox.ErrInvalidParams) {
-					return usageErr(err) // a malformed --after or --limit
+					// --limit and --action are checked above: the cursor is at fault.
+					return usageErr(&shownError{msg: "--after: " + invalidReasons(err), err: err})
 				}
 				if err != nil {
 					return err
@@ -87,6 +89,12 @@ reads everything.`,
 				next = n
 				if !all || next == "" {
 					break
+				}
+			}
+			if byRecord && len(entries) == 0 {
+				// No history: say whether there is a record at all.
+				if err := a.noHistory(ctx, i, &id, digestOnly != ""); err != nil {
+					return err
 				}
 			}
 			if output == "json" {
@@ -114,6 +122,25 @@ reads everything.`,
 	fl.BoolVar(&all, "all", false, "read every page")
 	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// noHistory returns the not-found error when the record the flags name,
+// which has no audit entries, does not exist either (gone is true when a
+// digest found none); nil when it exists.
+func (a *app) noHistory(ctx context.Context, i *inboxDB, id *idFlags, gone bool) error {
+	if gone {
+		where := "any operation"
+		if id.operation != "" {
+			where = fmt.Sprintf("operation %q", id.operation)
+		}
+		return fmt.Errorf("%w of %s in table %s has key digest %s, and no audit entry names one", errNoRecord, where,
+			i.table, id.digest)
+	}
+	_, err := id.find(ctx, i)
+	if errors.Is(err, errNoRecord) {
+		return fmt.Errorf("%w, and no audit entry names it", err)
+	}
+	return err
 }
 
 // auditJSON is an audit entry as the json output shows it.

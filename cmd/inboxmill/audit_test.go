@@ -19,8 +19,8 @@ func TestAudit(t *testing.T) {
 		done := e.completed(t, id("ship", "evt-1"))
 		e.expired(t, id("ship", "old-1"), "completed")
 		e.ok(t, "resolve", "--digest", pend.Digest(), "--to", "completed", "--reason", "seen at the provider", "--actor", "alice")
-		e.ok(t, "forget", "--digest", done.Digest(), "--reason", "carrier lost the parcel", "--actor", "bob")
-		e.ok(t, "purge", "--reason", "nightly", "--actor", "cron", "--progress=false")
+		e.ok(t, "forget", "--digest", done.Digest(), "--reason", "carrier lost the parcel", "--actor", "bob", "--yes")
+		e.ok(t, "purge", "--reason", "nightly", "--actor", "cron", "--progress=false", "--yes")
 
 		out := e.ok(t, "audit")
 		require.Regexp(t, `(?m)^AT\s+ACTOR\s+ACTION\s+RECORD\s+KEY\s+BEFORE\s+AFTER\s+COUNT\s+REASON$`, out)
@@ -53,12 +53,14 @@ func TestAudit(t *testing.T) {
 			require.Len(t, v.Entries, 1, args)
 			require.Equal(t, "forget", v.Entries[0].Action)
 		}
-		v = decode[auditView](t, e.ok(t, "audit", "-o", "json", "--digest", done.Digest(), "--operation", "charge"))
-		require.Empty(t, v.Entries)
+		// Under another operation there is neither the record nor history.
+		r := e.run(t, "audit", "-o", "json", "--digest", done.Digest(), "--operation", "charge")
+		require.Equal(t, exitNotFound, r.code, r.String())
+		require.Contains(t, r.stderr, "no audit entry names one")
 		v = decode[auditView](t, e.ok(t, "audit", "-o", "json", "--digest", pend.Digest()))
 		require.Len(t, v.Entries, 1)
 		require.Equal(t, "alice", v.Entries[0].Actor)
-		r := e.run(t, "audit", "--operation", "ship")
+		r = e.run(t, "audit", "--operation", "ship")
 		require.Equal(t, exitUsage, r.code)
 
 		// Pages.

@@ -100,6 +100,13 @@ func TestText(t *testing.T) {
 	require.Equal(t, `"\x1b[2Jgotcha"`, text("\x1b[2Jgotcha"), "a terminal escape is shown, not obeyed")
 	require.Equal(t, `"a\nb"`, text("a\nb"))
 	require.Equal(t, `" padded"`, text(" padded"))
+	// Bytes that are not UTF-8 (a row written around the store, on
+	// MySQL's binary columns) reach the terminal escaped: 0x9b is a
+	// control sequence introducer to a terminal that reads Latin-1.
+	require.Equal(t, `"a\xffb"`, text("a\xffb"))
+	require.Equal(t, `"\x9b2J"`, text("\x9b2J"))
+	require.Equal(t, `"\u2028"`, text("\u2028"), "a line separator is not printable")
+	require.Equal(t, "évènement", text("évènement"))
 }
 
 // TestUsageErrors: what the command cannot make sense of exits 2 with a
@@ -207,7 +214,7 @@ func TestMissingTable(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			e := setup(t, kind) // a migrated table, so that the SQLite file exists
-			for _, args := range [][]string{{"stats"}, {"list"}, {"audit"}, {"purge", "--reason", "r"}} {
+			for _, args := range [][]string{{"stats"}, {"list"}, {"audit"}, {"purge", "--yes", "--reason", "r"}} {
 				r := runCmd(t, append(args, "--dsn", e.dsn, "--table", "never_migrated")...)
 				require.Equal(t, exitFailed, r.code, r.String())
 				require.Contains(t, r.stderr, "there is no inbox table never_migrated")

@@ -264,6 +264,9 @@ func openInbox(ctx context.Context, f dbFlags, a access, schemaCheck bool) (*inb
 	if err != nil {
 		return nil, usageErr(err)
 	}
+	if err := checkTable(f.table); err != nil {
+		return nil, usageErr(err)
+	}
 	if t.dialect == "sqlite" && t.sqlitePath != "" && a != mayCreate {
 		if _, err := os.Stat(t.sqlitePath); errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("no SQLite database at %s: check --dsn, or create it with `inboxmill migrate --dsn %s`",

@@ -38,6 +38,16 @@ terminal would interpret).`,
 				}
 			}
 			f.ByScope = cmd.Flags().Changed("scope")
+			var errs []error
+			if err := inbox.CheckText(f.Operation, inbox.MaxOperationLen); err != nil {
+				errs = append(errs, fmt.Errorf("--operation %w", err))
+			}
+			if err := inbox.CheckText(f.Scope, inbox.MaxScopeLen); err != nil {
+				errs = append(errs, fmt.Errorf("--scope %w", err))
+			}
+			if err := errors.Join(errs...); err != nil {
+				return usageErr(err)
+			}
 			if f.OlderThan < 0 || f.AttemptAbove < 0 {
 				return usageErr(fmt.Errorf("--older-than and --attempt-above cannot be negative"))
 			}
@@ -56,7 +66,8 @@ terminal would interpret).`,
 				f.After = next
 				page, err := i.store.List(ctx, f)
 				if errors.Is(err, inbox.ErrInvalidParams) {
-					return usageErr(err) // a malformed --after or --limit
+					// The other flags are checked above: the cursor is at fault.
+					return usageErr(&shownError{msg: "--after: " + invalidReasons(err), err: err})
 				}
 				if err != nil {
 					return err

@@ -19,11 +19,15 @@
 // mysql or sqlite; inferred from the DSN when left out) and --table
 // (default inbox). resolve, forget and purge take a required --reason and
 // --actor (default the OS user), and write an audit row in the transaction
-// of the change; --dry-run does every check and changes nothing.
+// of the change; --dry-run does every check and changes nothing. forget
+// and purge, which delete, ask on a terminal before they do; --yes goes
+// ahead without asking, and without it they refuse (exit 2) when standard
+// input is not a terminal.
 //
 // Exit status: 0 done, 1 failed, 2 usage error, 3 refused (the record
 // moved on, is held by a live lease, or is in a status the action does not
-// apply to), 130 interrupted.
+// apply to), 4 not found (inspect, resolve, forget or audit named a record
+// that does not exist), 130 interrupted.
 package main
 
 import (
@@ -34,6 +38,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -62,6 +67,7 @@ const (
 	exitFailed      = 1
 	exitUsage       = 2
 	exitRefused     = 3
+	exitNotFound    = 4 // a record the flags name does not exist
 	exitInterrupted = 130
 )
 
@@ -77,6 +83,17 @@ func (e *exitError) Unwrap() error { return e.err }
 func usageErr(err error) error   { return &exitError{exitUsage, err} }
 func refusedErr(err error) error { return &exitError{exitRefused, err} }
 
+// shownError is an error whose message says all an operator needs, so
+// that the chain under it (kept for errors.Is and errors.As) is not
+// printed a second time after it.
+type shownError struct {
+	msg string
+	err error
+}
+
+func (e *shownError) Error() string { return e.msg }
+func (e *shownError) Unwrap() error { return e.err }
+
 // app is one run of the command: its streams, environment and the flags
 // every subcommand shares.
 type app struct {
@@ -86,12 +103,16 @@ type app struct {
 	db             dbFlags
 	// actorDefault names the operator when --actor is not given.
 	actorDefault func() string
+	// isTerminal reports whether stdin is a terminal, where forget and
+	// purge ask before they act.
+	isTerminal func(io.Reader) bool
 }
 
 // run runs the command with args (without the program name) and returns
 // its exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return (&app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, actorDefault: osUser}).run(ctx, args)
+	return (&app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, actorDefault: osUser,
+		isTerminal: stdinTerminal}).run(ctx, args)
 }
 
 func (a *app) run(ctx context.Context, args []string) int {
@@ -109,6 +130,8 @@ func (a *app) run(ctx context.Context, args []string) int {
 	switch {
 	case errors.As(err, &ee):
 		code = ee.code
+	case errors.Is(err, errNoRecord):
+		code = exitNotFound
 	case strings.HasPrefix(err.Error(), "unknown command"), strings.HasPrefix(err.Error(), "unknown flag"):
 		code = exitUsage
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
@@ -141,17 +164,20 @@ or mysql://user:pass@host:3306/db) or an SQLite file (inbox.db, file:inbox.db).
 
 Exit status: 0 done, 1 failed, 2 usage error, 3 refused (the record moved on,
 is held by a live lease, or is in a status the action does not apply to),
-130 interrupted.`,
+4 not found (the record named does not exist), 130 interrupted.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return a.fromEnv(cmd)
+			if err := a.fromEnv(cmd); err != nil {
+				return err
+			}
+			return a.checkDBFlags()
 		},
 	}
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(err) })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(flagError(err)) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.db.dsn, "dsn", "", "the inbox database (default $INBOXMILL_DSN): a PostgreSQL URL, a MySQL DSN or an SQLite file")
 	pf.StringVar(&a.db.dialect, "dialect", "", "postgres, mysql or sqlite (default: inferred from the DSN, or $INBOXMILL_DIALECT)")
@@ -190,6 +216,50 @@ func (a *app) fromEnv(cmd *cobra.Command) error {
 				return usageErr(fmt.Errorf("$%s: %w", env, err))
 			}
 		}
+	}
+	return nil
+}
+
+// The parsers' own words after pflag's `invalid argument "x" for "--f"
+// flag: `, which quote the value a second time.
+var (
+	numberError   = regexp.MustCompile(`: strconv\.Parse\w+: parsing "(?:[^"\\]|\\.)*": (.*)$`)
+	durationError = regexp.MustCompile(`: time: (?:invalid|unknown unit|missing unit)[^"]*"(?:[^"\\]|\\.)*"(?: in duration "(?:[^"\\]|\\.)*")?$`)
+)
+
+// flagError is a flag's parse error as an operator reads it: pflag names
+// the value and the flag, then adds the parser's error, which names the
+// value again; that part is said once, in words.
+func flagError(err error) error {
+	msg := err.Error()
+	switch {
+	case numberError.MatchString(msg):
+		msg = numberError.ReplaceAllString(msg, ": $1")
+	case durationError.MatchString(msg):
+		msg = durationError.ReplaceAllString(msg, ": not a duration (such as 90s, 15m or 2h)")
+	default:
+		return err
+	}
+	return &shownError{msg: msg, err: err}
+}
+
+// checkDBFlags refuses the shared flags' values that would otherwise be
+// taken silently for something else: a connect timeout that is not
+// positive (it meant the default), a partition layout no store runs with.
+func (a *app) checkDBFlags() error {
+	var errs []error
+	if a.db.connectTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--connect-timeout %v: want a positive duration", a.db.connectTimeout))
+	}
+	// The rest of a layout is checked against the table's own.
+	if w := a.db.partitionWidth; w < time.Minute || w%time.Minute != 0 {
+		errs = append(errs, fmt.Errorf("--partition-width %v: want a positive whole number of minutes", w))
+	}
+	if r := a.db.partitionRetention; r <= 0 {
+		errs = append(errs, fmt.Errorf("--partition-retention %v: want a positive duration", r))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return usageErr(err)
 	}
 	return nil
 }

@@ -388,9 +388,12 @@ func writeMigrations(w io.Writer, dialect, table string, ms []inbox.Migration, u
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// checkTable validates --table as inbox.NewStore does, for commands that
-// open no store.
+// checkTable validates --table as inbox.NewStore does, before anything is
+// opened. An empty --table is refused, not taken for the default.
 func checkTable(table string) error {
+	if table == "" {
+		return errors.New("--table is empty: give the inbox table's name (default inbox)")
+	}
 	if len(table) > inbox.MaxTableLen || !identifier.MatchString(table) {
 		return fmt.Errorf("--table %q: want a plain identifier ([A-Za-z_][A-Za-z0-9_]*) of at most %d bytes",
 			table, inbox.MaxTableLen)

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -48,10 +49,15 @@ func newTable(w io.Writer) *tabwriter.Writer {
 // text renders a value an operator's terminal shows: as it is when every
 // character is printable, quoted (with escapes) otherwise, so that a key
 // holding control characters or terminal escapes cannot rewrite the
-// screen, and an empty value reads as "".
+// screen, and an empty value reads as "". Bytes that are not UTF-8 are
+// escaped too (a row written around the store can hold them): 0x9b, raw,
+// starts a control sequence on a terminal that reads Latin-1.
 func text(s string) string {
 	if s == "" {
 		return `""`
+	}
+	if !utf8.ValidString(s) {
+		return strconv.Quote(s)
 	}
 	for _, r := range s {
 		if !unicode.IsPrint(r) || r == '\t' {

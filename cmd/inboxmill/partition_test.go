@@ -54,7 +54,7 @@ VALUES ('ship', $1, $2, '\x01', 'completed', now(), now(), now() - interval '1 h
 
 	r = runCmd(t, "stats", "--dsn", dsn, "--table", table)
 	require.Equal(t, exitOK, r.code, r.String())
-	r = runCmd(t, "purge", "--reason", "retention", "--progress=false", "--dsn", dsn, "--table", table)
+	r = runCmd(t, "purge", "--yes", "--reason", "retention", "--progress=false", "--dsn", dsn, "--table", table)
 	require.Equal(t, exitOK, r.code, r.String())
 	require.Contains(t, r.stdout, "purged 12 records from table "+table+": 1 partition dropped, then 1 batch\n")
 	var exists bool

@@ -19,6 +19,7 @@ func (a *app) purgeCmd() *cobra.Command {
 		pause    time.Duration
 		dryRun   bool
 		progress bool
+		yes      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "purge --reason TEXT",
@@ -37,18 +38,35 @@ counts what a purge would delete and changes nothing.
 On a partitioned PostgreSQL table (found by looking at it) purge first drops
 the partitions whose buckets closed --partition-retention after they ended
 and whose records have all expired, then deletes what is left in batches.
-Pass the --partition-width and --partition-retention its stores run with.`,
+Pass the --partition-width and --partition-retention its stores run with.
+
+On a terminal it counts what it would delete and asks before deleting, and
+then deletes only what had expired when it counted; --yes goes ahead
+without asking (for scripts). Without --yes, when standard input is not a
+terminal, it refuses (exit 2). When nothing has expired it deletes nothing
+and writes no audit entry.`,
 		Example: `  inboxmill purge --reason 'backlog after the purger was down' --batch-size 5000
-  inboxmill purge --dry-run --reason check`,
+  inboxmill purge --dry-run --reason check
+  inboxmill purge --yes --reason nightly --progress=false   # from cron`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var errs []error
 			actor, err := a.actorOf(act)
 			if err != nil {
-				return err
+				errs = append(errs, err)
 			}
 			if p.BatchSize < 1 || p.MaxBatches < 0 {
-				return usageErr(fmt.Errorf("--batch-size must be at least 1 and --max-batches at least 0"))
+				errs = append(errs, errors.New("--batch-size must be at least 1 and --max-batches at least 0"))
 			}
+			if !dryRun {
+				if err := a.mayAsk(cmd, yes); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			if err := errors.Join(errs...); err != nil {
+				return usageErr(err)
+			}
+			ask := !dryRun && !yes
 			ctx := cmd.Context()
 			i, err := openInbox(ctx, a.db, existing, true)
 			if err != nil {
@@ -58,7 +76,7 @@ Pass the --partition-width and --partition-retention its stores run with.`,
 			// The count is for the dry run's answer and the bar's length:
 			// without either, a purge of a large table need not count it.
 			var ov inbox.Overview
-			if dryRun || progress {
+			if dryRun || progress || ask {
 				if ov, err = i.store.Overview(ctx); err != nil {
 					return err
 				}
@@ -66,12 +84,29 @@ Pass the --partition-width and --partition-retention its stores run with.`,
 			if dryRun {
 				fmt.Fprintf(a.stdout, "dry run: a purge would delete %s from table %s (completed and failed, past expires_at",
 					plural(ov.AwaitingPurge, "record"), i.table)
-				if !ov.OldestExpired.IsZero() {
-					fmt.Fprintf(a.stdout, "; the oldest expired %s ago", age(ov.Now, ov.OldestExpired))
+				if t, ok := oldestExpired(ov); ok {
+					fmt.Fprintf(a.stdout, "; the oldest expired %s ago", age(ov.Now, t))
 				}
 				fmt.Fprintln(a.stdout, ")")
 				fmt.Fprintln(a.stdout, "nothing changed; no audit entry written")
 				return nil
+			}
+			if ask {
+				if ov.AwaitingPurge == 0 {
+					fmt.Fprintf(a.stdout, "nothing to purge: no completed or failed record of table %s is past expires_at; "+
+						"no audit entry written\n", i.table)
+					return nil
+				}
+				q := fmt.Sprintf("purge %s from table %s (completed and failed, past expires_at",
+					plural(ov.AwaitingPurge, "record"), i.table)
+				if t, ok := oldestExpired(ov); ok {
+					q += fmt.Sprintf("; the oldest expired %s ago", age(ov.Now, t))
+				}
+				if err := a.confirm(ctx, q+")? Their keys are forgotten: a later delivery of one runs the handler again."); err != nil {
+					return err
+				}
+				// What was counted and confirmed, not what expired since.
+				p.Before = ov.Now
 			}
 			return a.purge(ctx, i, p, actor, pause, progress, ov.AwaitingPurge)
 		},
@@ -83,6 +118,7 @@ Pass the --partition-width and --partition-retention its stores run with.`,
 	fl.DurationVar(&pause, "pause", 0, "rest between batches (default: as long as the batch took; negative: none)")
 	fl.BoolVar(&dryRun, "dry-run", false, "count what would be deleted, change nothing, write no audit entry")
 	fl.BoolVar(&progress, "progress", true, "show a progress bar on standard error")
+	addYesFlag(cmd, &yes)
 	return cmd
 }
 
@@ -162,6 +198,11 @@ func (a *app) purge(ctx context.Context, i *inboxDB, p inbox.PurgeParams, actor 
 	case err != nil:
 		return fmt.Errorf("purge stopped after %s (%s purged): %w", plural(int64(res.Batches), "batch"),
 			plural(res.Deleted, "record"), i.target.scrub(err))
+	}
+	if res.Deleted == 0 {
+		fmt.Fprintf(a.stdout, "nothing to purge: no completed or failed record of table %s is past expires_at; "+
+			"no audit entry written\n", i.table)
+		return nil
 	}
 	if res.Partitions > 0 {
 		fmt.Fprintf(a.stdout, "purged %s from table %s: %s dropped, then %s\n", plural(res.Deleted, "record"), i.table,

@@ -30,7 +30,7 @@ func TestPurge(t *testing.T) {
 		require.Equal(t, int64(9), e.total(t))
 		require.Empty(t, e.audit(t))
 
-		r := e.run(t, "purge", "--batch-size", "3", "--reason", "backlog", "--actor", "dave")
+		r := e.run(t, "purge", "--yes", "--batch-size", "3", "--reason", "backlog", "--actor", "dave")
 		require.Equal(t, exitOK, r.code, r.String())
 		require.Equal(t, "purged 7 records from table "+e.table+" in 3 batches\naudit: purge by dave, reason backlog\n", r.stdout)
 		require.Contains(t, r.stderr, "purging "+e.table)
@@ -45,11 +45,17 @@ func TestPurge(t *testing.T) {
 		require.EqualValues(t, 7, entries[0].Count)
 		require.Equal(t, inbox.ID{}, entries[0].Record)
 
-		// Nothing left: a run deletes nothing, without a bar.
-		r = e.run(t, "purge", "--reason", "again", "--progress=false")
+		// Nothing left: a run deletes nothing, without a bar, and is no
+		// audit event.
+		r = e.run(t, "purge", "--yes", "--reason", "again", "--progress=false")
 		require.Equal(t, exitOK, r.code, r.String())
-		require.Contains(t, r.stdout, "purged 0 records from table "+e.table+" in 1 batch\n")
+		require.Equal(t, "nothing to purge: no completed or failed record of table "+e.table+" is past expires_at; "+
+			"no audit entry written\n", r.stdout)
 		require.Empty(t, r.stderr)
+		r = e.run(t, "purge", "--yes", "--reason", "again")
+		require.Equal(t, exitOK, r.code, r.String())
+		require.Contains(t, r.stdout, "nothing to purge")
+		require.Len(t, e.audit(t), 1, "only the purge that deleted something is in the audit trail")
 	})
 }
 
@@ -66,7 +72,7 @@ func TestPurgeInterrupted(t *testing.T) {
 		done := make(chan result, 1)
 		go func() {
 			// An hour's rest after each batch: only the interrupt ends it.
-			done <- runCtx(ctx, "purge", "--batch-size", "2", "--pause", "1h", "--reason", "backlog",
+			done <- runCtx(ctx, "purge", "--yes", "--batch-size", "2", "--pause", "1h", "--reason", "backlog",
 				"--dsn", e.dsn, "--table", e.table)
 		}()
 		require.Eventually(t, func() bool { return e.total(t) == 4 }, time.Minute, 10*time.Millisecond)
@@ -85,7 +91,7 @@ func TestPurgeInterrupted(t *testing.T) {
 		require.Len(t, entries, 1)
 		require.EqualValues(t, 2, entries[0].Count)
 
-		out := e.ok(t, "purge", "--batch-size", "2", "--pause", "-1ns", "--reason", "the rest")
+		out := e.ok(t, "purge", "--yes", "--batch-size", "2", "--pause", "-1ns", "--reason", "the rest")
 		require.Contains(t, out, "purged 4 records from table "+e.table+" in 3 batches\n")
 		require.Zero(t, e.total(t))
 		entries = e.audit(t)

@@ -234,17 +234,17 @@ func TestInspect(t *testing.T) {
 
 		// What is not there.
 		r := e.run(t, "inspect", "--operation", "ship", "--key", "nope")
-		require.Equal(t, exitFailed, r.code)
+		require.Equal(t, exitNotFound, r.code)
 		require.Contains(t, r.stderr, "no record in table "+e.table+" has scope \"\", operation ship and key nope (digest "+id("ship", "nope").Digest()+")")
 		r = e.run(t, "inspect", "--digest", id("ship", "nope").Digest())
-		require.Equal(t, exitFailed, r.code)
+		require.Equal(t, exitNotFound, r.code)
 		require.Contains(t, r.stderr, "no record of any operation in table "+e.table+" has key digest ")
 		r = e.run(t, "inspect", "--digest", s.shipped.Digest(), "--operation", "charge")
-		require.Equal(t, exitFailed, r.code)
+		require.Equal(t, exitNotFound, r.code)
 		require.Contains(t, r.stderr, `no record of operation "charge"`)
 		r = e.run(t, "inspect", "--digest", "not-hex")
 		require.Equal(t, exitUsage, r.code, r.String())
-		require.Contains(t, r.stderr, `--digest "not-hex": want the 16 lowercase hex characters`)
+		require.Contains(t, r.stderr, `--digest "not-hex": want the 16 hex characters`)
 	})
 }
 

@@ -36,9 +36,26 @@ func (f *idFlags) check(cmd *cobra.Command) error {
 	case f.digest != "" && (f.key != "" || cmd.Flags().Changed("scope")):
 		return usageErr(errors.New("give either --digest (and optionally --operation) or --operation and --key (and --scope), not both"))
 	case f.digest != "":
-		return nil
+		if !isDigest(strings.ToLower(strings.TrimSpace(f.digest))) {
+			return usageErr(fmt.Errorf("--digest %q: want the 16 hex characters of a key_digest", f.digest))
+		}
 	case f.operation == "" || f.key == "":
 		return usageErr(errors.New("name the record: --operation and --key (and --scope when not the global one), or --digest"))
+	}
+	// No record can hold what the store cannot store: say which flag is
+	// at fault before anything is sent (PostgreSQL would refuse invalid
+	// UTF-8 with an error of its own).
+	var errs []error
+	for _, p := range []struct {
+		flag, v string
+		max     int
+	}{{"scope", f.scope, inbox.MaxScopeLen}, {"operation", f.operation, inbox.MaxOperationLen}, {"key", f.key, inbox.MaxKeyLen}} {
+		if err := inbox.CheckText(p.v, p.max); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %w", p.flag, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return usageErr(err)
 	}
 	return nil
 }
@@ -55,7 +72,7 @@ func (f *idFlags) find(ctx context.Context, i *inboxDB) (*inbox.Record, error) {
 			}
 			return nil, fmt.Errorf("%w of %s in table %s has key digest %s", errNoRecord, where, i.table, f.digest)
 		case errors.Is(err, inbox.ErrInvalidKey):
-			return nil, usageErr(fmt.Errorf("--digest %q: want the 16 lowercase hex characters of a key_digest", f.digest))
+			return nil, usageErr(&shownError{msg: invalidReasons(err), err: err}) // check lets nothing through
 		}
 		return rec, err
 	}
@@ -69,6 +86,20 @@ func (f *idFlags) find(ctx context.Context, i *inboxDB) (*inbox.Record, error) {
 		return nil, usageErr(err)
 	}
 	return rec, err
+}
+
+// isDigest reports whether s is a key digest as logs print it: 16
+// lowercase hex characters.
+func isDigest(s string) bool {
+	if len(s) != 16 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func (f *idFlags) id() inbox.ID { return inbox.ID{Scope: f.scope, Operation: f.operation, Key: f.key} }

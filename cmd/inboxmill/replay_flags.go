@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -164,12 +166,19 @@ func (f *replayFlags) parse(fs *pflag.FlagSet, db dbFlags, now time.Time) (optio
 	if o.rawFingerprint && len(o.ignoreFields) > 0 {
 		errs = append(errs, errors.New("--ignore-fields only applies to the JSON fingerprint, not --raw-fingerprint"))
 	}
+	seen := map[int32]bool{}
 	for _, p := range splitList(f.partitions) {
 		n, err := strconv.ParseInt(p, 10, 32)
 		if err != nil || n < 0 {
 			errs = append(errs, fmt.Errorf("--partitions: %q is not a partition number", p))
 			continue
 		}
+		if seen[int32(n)] {
+			// Read twice, every message of it would count twice.
+			errs = append(errs, fmt.Errorf("--partitions: partition %d is given twice", n))
+			continue
+		}
+		seen[int32(n)] = true
 		o.partitions = append(o.partitions, int32(n))
 	}
 	var err error
@@ -178,6 +187,8 @@ func (f *replayFlags) parse(fs *pflag.FlagSet, db dbFlags, now time.Time) (optio
 	}
 	if o.to, err = parseOffsets(f.to, "end"); err != nil {
 		errs = append(errs, fmt.Errorf("--to: %w", err))
+	} else if err := checkRange(o.from, o.to); err != nil {
+		errs = append(errs, err)
 	}
 	if f.since != "" {
 		if fs.Changed("from") {
@@ -282,6 +293,38 @@ func parseOffsets(s, def string) (offsets, error) {
 	return o, nil
 }
 
+// checkRange refuses a --from after --to for a partition both name (or
+// both give for every partition): the range would read nothing, which a
+// dry run would report as a topic with no messages to replay.
+func checkRange(from, to offsets) error {
+	var errs []error
+	if from.all >= 0 && to.all >= 0 && from.all > to.all {
+		errs = append(errs, fmt.Errorf("--from %d is after --to %d", from.all, to.all))
+	}
+	parts := map[int32]bool{}
+	for p := range from.perPartition {
+		parts[p] = true
+	}
+	for p := range to.perPartition {
+		parts[p] = true
+	}
+	sorted := make([]int32, 0, len(parts))
+	for p := range parts {
+		sorted = append(sorted, p)
+	}
+	slices.Sort(sorted)
+	for _, p := range sorted {
+		a, aok := from.get(p)
+		b, bok := to.get(p)
+		_, own := from.perPartition[p]
+		_, own2 := to.perPartition[p]
+		if aok && bok && a > b && (own || own2) {
+			errs = append(errs, fmt.Errorf("--from %d is after --to %d for partition %d", a, b, p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // parseSince reads an RFC 3339 time, or a duration before now.
 func parseSince(s string, now time.Time) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
@@ -307,13 +350,20 @@ func parseRetention(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// maxDays is the most whole days a time.Duration holds (about 292 years).
+const maxDays = int64(math.MaxInt64 / int64(24*time.Hour))
+
 // parseDuration is time.ParseDuration that also takes whole days ("7d"),
-// the unit retention is usually thought of in.
+// the unit retention is usually thought of in. Days beyond what a
+// time.Duration holds are refused, not wrapped around.
 func parseDuration(s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
+		n, err := strconv.ParseInt(days, 10, 64)
 		if err != nil {
 			return 0, err
+		}
+		if n > maxDays || n < -maxDays {
+			return 0, fmt.Errorf("%d days is more than a duration holds (%d days)", n, maxDays)
 		}
 		return time.Duration(n) * 24 * time.Hour, nil
 	}

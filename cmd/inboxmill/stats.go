@@ -56,8 +56,12 @@ type statsView struct {
 	OldestPendingAge   *float64    `json:"oldest_pending_age_seconds"`
 	OldestExpiredLease *recordJSON `json:"oldest_expired_lease"`
 	AwaitingPurge      int64       `json:"awaiting_purge"`
-	OldestExpired      *time.Time  `json:"oldest_expired"`
-	PurgeLag           *float64    `json:"purge_lag_seconds"`
+	// OldestExpired is the earliest expires_at in the past of a finished
+	// record: null when none has expired.
+	OldestExpired *time.Time `json:"oldest_expired"`
+	// PurgeLag is how long that record has waited for a purge: 0 when
+	// none waits, as the console's gauge reads.
+	PurgeLag *float64 `json:"purge_lag_seconds"`
 }
 
 type countJSON struct {
@@ -68,7 +72,7 @@ type countJSON struct {
 
 func statsJSON(i *inboxDB, ov inbox.Overview) statsView {
 	v := statsView{Table: i.table, Dialect: i.target.dialect, Now: ov.Now.UTC(), Total: ov.Total,
-		Counts: []countJSON{}, AwaitingPurge: ov.AwaitingPurge, OldestExpired: timePtr(ov.OldestExpired)}
+		Counts: []countJSON{}, AwaitingPurge: ov.AwaitingPurge}
 	for _, c := range ov.Counts {
 		v.Counts = append(v.Counts, countJSON{c.Operation, string(c.Status), c.N})
 	}
@@ -82,10 +86,12 @@ func statsJSON(i *inboxDB, ov inbox.Overview) statsView {
 		j := toJSON(r, ov.Now)
 		v.OldestExpiredLease = &j
 	}
-	if !ov.OldestExpired.IsZero() {
-		s := ov.Now.Sub(ov.OldestExpired).Seconds()
-		v.PurgeLag = &s
+	lag := 0.0
+	if t, ok := oldestExpired(ov); ok {
+		v.OldestExpired = timePtr(t)
+		lag = ov.Now.Sub(t).Seconds()
 	}
+	v.PurgeLag = &lag
 	return v
 }
 
@@ -138,10 +144,21 @@ func (a *app) printStats(i *inboxDB, ov inbox.Overview) {
 	} else {
 		fmt.Fprintln(w, "oldest expired lease: none")
 	}
-	if ov.AwaitingPurge > 0 {
+	if t, ok := oldestExpired(ov); ok && ov.AwaitingPurge > 0 {
 		fmt.Fprintf(w, "awaiting purge: %s past expires_at, the oldest %s ago (inboxmill purge%s --reason '...')\n",
-			plural(ov.AwaitingPurge, "record"), age(ov.Now, ov.OldestExpired), conn)
+			plural(ov.AwaitingPurge, "record"), age(ov.Now, t), conn)
 	} else {
 		fmt.Fprintln(w, "awaiting purge: none")
 	}
+}
+
+// oldestExpired returns the earliest expires_at of a finished record when
+// it has passed. Overview.OldestExpired is the earliest expires_at of any
+// finished record, which lies ahead while none has expired: a purge lag
+// computed from it would be negative.
+func oldestExpired(ov inbox.Overview) (time.Time, bool) {
+	if ov.OldestExpired.IsZero() || !ov.OldestExpired.Before(ov.Now) {
+		return time.Time{}, false
+	}
+	return ov.OldestExpired, true
 }

@@ -18,13 +18,14 @@
 //     worker comes back to life its late result is refused (fencing);
 //   - the provider holds large charges for a manual review that outlasts
 //     the run: those intents stay pending, the queue dead-letters their
-//     messages, and the program prints the inboxmill commands an operator
-//     runs once the provider has decided (keep the inbox with -db to run
-//     them).
+//     messages, and, with -db (an inbox that outlives the run), the
+//     program prints the inboxmill commands an operator runs once the
+//     provider has decided.
 //
 // Everything runs in-process on 127.0.0.1 with a SQLite inbox: no servers.
 //
 //	go run ./examples/external-effect
+//	go run ./examples/external-effect -db payments.db   # then run the inboxmill commands it prints
 //	go run ./examples/external-effect -intents 200 -workers 8 -seed 7
 package main
 
@@ -269,9 +270,18 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 
 // operatorCommands prints, for the intents left pending, the inboxmill
 // commands an operator runs once the provider has decided: inspect by the
-// key digest the logs print, and resolve, fenced by the attempt seen.
+// key digest the logs print, and resolve, fenced by the attempt seen. For
+// an inbox in a temporary file, removed on exit, it prints none: they
+// could only fail.
 func operatorCommands(out io.Writer, dbPath string, kept bool, pending []*inbox.Record, deadLettered int) error {
 	if len(pending) == 0 {
+		return nil
+	}
+	fmt.Fprintf(out, "left pending: %d intents whose charges the provider holds for review "+
+		"(the queue dead-lettered %d messages)", len(pending), deadLettered)
+	if !kept {
+		fmt.Fprintln(out, "; this run's inbox is a temporary file, removed on exit: "+
+			"run with -db FILE to keep it, and the commands that settle them are printed")
 		return nil
 	}
 	abs, err := filepath.Abs(dbPath)
@@ -279,8 +289,7 @@ func operatorCommands(out io.Writer, dbPath string, kept bool, pending []*inbox.
 		return err
 	}
 	conn := "--dsn " + shellQuote(abs) + " --table " + table
-	fmt.Fprintf(out, "left pending: %d intents whose charges the provider holds for review "+
-		"(the queue dead-lettered %d messages); once it has decided, an operator runs:\n", len(pending), deadLettered)
+	fmt.Fprintln(out, "; once it has decided, an operator runs:")
 	for _, r := range pending {
 		fmt.Fprintf(out, "  inboxmill inspect %s --digest %s\n", conn, r.Digest())
 		fmt.Fprintf(out, "  inboxmill resolve %s --operation %s --key %s --attempt %d --to completed --external-ref %s "+
@@ -288,9 +297,7 @@ func operatorCommands(out io.Writer, dbPath string, kept bool, pending []*inbox.
 			conn, shellQuote(r.Operation), shellQuote(r.Key), r.Attempt, shellQuote(r.ExternalRef))
 	}
 	fmt.Fprintln(out, "  (for a charge the provider declined: --to failed --reason 'provider declined the charge after review')")
-	if !kept {
-		fmt.Fprintln(out, "  (this run's inbox is a temporary file, removed on exit: run with -db FILE to keep it)")
-	}
+	fmt.Fprintln(out, "  (in a clone of inboxmill, `go run ./cmd/inboxmill` in place of `inboxmill`)")
 	return nil
 }
 

@@ -6,9 +6,13 @@
 //
 // Run it twice: the SQLite file persists, so the second run finds every
 // event already done and ships nothing new, as its note at the start says;
-// -reset starts over.
+// -reset starts over. With -operator it also books a carrier for two of
+// the orders in reserve mode and leaves one booking pending (the carrier
+// timed out after the request went out) and one failed (the carrier
+// refused it), for the operator command to resolve and forget:
 //
 //	go run ./examples/quickstart
+//	go run ./examples/quickstart -operator   # then: go run ./cmd/inboxmill stats --dsn inboxmill-quickstart.db
 //	go run ./examples/quickstart -db /tmp/shop.db -events 100
 //
 // The run gives up after a deadline that grows with -events (see -h).
@@ -22,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -61,6 +66,8 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		"number of distinct order events; the run gives up after %v or %v per event, whichever is longer",
 		runDeadline.Min, runDeadline.PerEvent))
 	fs.BoolVar(&cfg.reset, "reset", false, "drop the inbox and the shipments table in -db first and start over")
+	fs.BoolVar(&cfg.operator, "operator", false,
+		"also book a carrier for two orders, leaving one booking pending and one failed for inboxmill resolve and forget")
 	fs.BoolVar(&cfg.verbose, "v", false, "log every delivery")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -83,9 +90,9 @@ func cli(args []string, stdout, stderr io.Writer) int {
 var runDeadline = rerun.Deadline{Min: 2 * time.Minute, PerEvent: 30 * time.Millisecond}
 
 type config struct {
-	dbPath         string
-	events         int
-	reset, verbose bool
+	dbPath                   string
+	events                   int
+	reset, verbose, operator bool
 }
 
 type summary struct {
@@ -135,7 +142,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	fmt.Fprintf(out, "database: SQLite file %s\n", cfg.dbPath)
-	found.Report(out, cfg.events)
+	records := cfg.events
+	if cfg.operator {
+		records += len(bookings)
+	}
+	found.Report(out, records)
 
 	logger := watermill.LoggerAdapter(watermill.NopLogger{})
 	if cfg.verbose {
@@ -216,6 +227,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if err := router.Close(); err != nil {
 		return sum, err
 	}
+	if cfg.operator {
+		if err := leaveForOperator(ctx, store, logger, cfg.dbPath, out); err != nil {
+			return sum, err
+		}
+	}
 
 	st := d.Stats()
 	sum.delivered = faults.Delivered()
@@ -226,4 +242,70 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		return sum, err
 	}
 	return sum, shop.Report(out, st, sum.delivered, sum.published, cfg.events, sum.shipments, sum.distinctShipments, "")
+}
+
+// bookOperation is the operation of the carrier bookings -operator makes.
+const bookOperation = "book_carrier"
+
+// bookings are the events -operator books a carrier for, and how the
+// carrier answers each: event 3 times out after the request went out,
+// event 5 is refused.
+var bookings = []struct {
+	event   int
+	outcome error
+}{
+	{3, dedup.Uncertain(errors.New("the carrier's API timed out after the booking was sent"), "")},
+	{5, dedup.Permanent(errors.New("the carrier refuses the delivery address"))},
+}
+
+// leaveForOperator books a carrier for the events of bookings in reserve
+// mode, the mode for an effect outside the database: the booking is an
+// API call that can end without an answer. One booking is left pending
+// (no one knows whether the carrier booked it) and one failed, which is
+// what inboxmill resolve and forget act on. A second run finds both
+// records and leaves them as they are. Outside a router the middleware is
+// called directly, with Config.Operation set.
+func leaveForOperator(ctx context.Context, store *inbox.Store, logger watermill.LoggerAdapter, dbPath string, out io.Writer) error {
+	d, err := dedup.New(store, dedup.Config{
+		Key:          dedup.KeyFromMetadata("event_id"),
+		Scope:        dedup.ScopeFromMetadata("tenant_id"),
+		Operation:    bookOperation,
+		IgnoreFields: []string{"sent_at"},
+		Mode:         dedup.Reserve{InFlightWait: -1}, // a pending booking is answered at once
+		Logger:       logger,
+	})
+	if err != nil {
+		return err
+	}
+	for _, b := range bookings {
+		msg := shop.OrderMessage(b.event, 1)
+		// Both deliveries fail: the pending one is nacked until someone
+		// settles it, the failed one is poison. The records tell.
+		_, deliveryErr := d.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, b.outcome })(msg)
+		id := inbox.ID{Scope: msg.Metadata.Get("tenant_id"), Operation: bookOperation, Key: msg.Metadata.Get("event_id")}
+		rec, err := store.Get(ctx, store.DB(), id)
+		if err != nil {
+			return fmt.Errorf("book a carrier for %s: %w (the delivery returned %v)", id.Key, err, deliveryErr)
+		}
+		what := "the carrier refused it for good; forget it to book again once the address is fixed"
+		if rec.Status == inbox.StatusPending {
+			what = "the carrier timed out after the request went out, so no one knows whether it booked; " +
+				"resolve it once the carrier says, or forget it to book again"
+		}
+		fmt.Fprintf(out, "operator: %s %s is %s (key_digest %s): %s\n", bookOperation, id.Key, rec.Status, id.Digest(), what)
+	}
+	fmt.Fprintf(out, "operator: see them with `go run ./cmd/inboxmill list --dsn %s --operation %s` "+
+		"(README, Operating inboxmill)\n", shellQuote(dbPath), bookOperation)
+	return nil
+}
+
+// shellQuote quotes s for a POSIX shell when it holds more than a path's
+// usual characters.
+func shellQuote(s string) string {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-./:@%+=,", r)) {
+			return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+		}
+	}
+	return s
 }

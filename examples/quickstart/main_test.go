@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/inbox"
+	"github.com/inboxmill/inboxmill/inbox/sqlite"
 )
 
 var lastLine = regexp.MustCompile(`(?m)^delivered=(\d+) executed=(\d+) duplicates=(\d+) conflicts=(\d+)\n\z`)
@@ -81,4 +85,44 @@ func TestQuickstartDeadline(t *testing.T) {
 	require.Contains(t, stderr.String(), "the run gives up after 2m0s or 30ms per event, whichever is longer")
 	require.Contains(t, stderr.String(), "-reset")
 	require.Equal(t, 2, cli([]string{"-events", "many"}, &stdout, &stderr), "a bad flag is a usage error")
+}
+
+// TestQuickstartOperator: -operator leaves one pending and one failed
+// record of operation book_carrier, beside the shipments, and says how to
+// find them; a second run leaves them as they are and ships nothing new.
+func TestQuickstartOperator(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := config{dbPath: filepath.Join(t.TempDir(), "qs db.db"), events: 20, operator: true}
+	pending := inbox.ID{Scope: "shop-1", Operation: "book_carrier", Key: "evt-0003"}
+	failed := inbox.ID{Scope: "shop-1", Operation: "book_carrier", Key: "evt-0005"}
+	for round := range 2 {
+		var out bytes.Buffer
+		sum, err := run(ctx, cfg, &out)
+		require.NoError(t, err, out.String())
+		require.Regexp(t, lastLine, out.String(), "the summary is still the last line")
+		require.Equal(t, 20, sum.distinctShipments)
+		require.Contains(t, out.String(), "operator: book_carrier evt-0003 is pending (key_digest "+pending.Digest()+"): ")
+		require.Contains(t, out.String(), "operator: book_carrier evt-0005 is failed (key_digest "+failed.Digest()+"): ")
+		require.Contains(t, out.String(), "go run ./cmd/inboxmill list --dsn '"+cfg.dbPath+"' --operation book_carrier")
+		if round == 1 {
+			require.Contains(t, out.String(), "note: 22 events (book_carrier: 2, ship_order: 20) were already recorded")
+			require.Contains(t, out.String(), "executed=0 is expected")
+		}
+
+		db, err := sql.Open("sqlite", sqlite.DSN(cfg.dbPath))
+		require.NoError(t, err)
+		store, err := inbox.NewStore(db, sqlite.Dialect(), inbox.Config{Table: "inbox"})
+		require.NoError(t, err)
+		rec, err := store.Get(ctx, db, pending)
+		require.NoError(t, err)
+		require.Equal(t, inbox.StatusPending, rec.Status)
+		require.EqualValues(t, 1, rec.Attempt)
+		rec, err = store.Get(ctx, db, failed)
+		require.NoError(t, err)
+		require.Equal(t, inbox.StatusFailed, rec.Status)
+		require.Contains(t, rec.Error, "the carrier refuses the delivery address")
+		require.NoError(t, store.Close())
+		require.NoError(t, db.Close())
+	}
 }

@@ -70,7 +70,8 @@ func closeStore(t testing.TB, s *inbox.Store) {
 }
 
 // Run runs the whole suite as subtests of t: Store, Lease, Purge, Clock,
-// Migrations and Operator. The subtests run in parallel.
+// Migrations, Operator and Hostile (what careless or hostile callers pass).
+// The subtests run in parallel.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	require.NotNil(t, h.Dialect, "Harness.Dialect")
@@ -86,6 +87,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Clock", func(t *testing.T) { runClock(t, h) })
 	t.Run("Migrations", func(t *testing.T) { runMigrations(t, h) })
 	t.Run("Operator", func(t *testing.T) { runOperator(t, h) })
+	t.Run("Hostile", func(t *testing.T) { runHostile(t, h) })
 }
 
 // bundle is what one test needs: a migrated store over a fresh table, and a

@@ -508,18 +508,31 @@ func runOperator(t *testing.T, h Harness) {
 		require.Empty(t, e.Before)
 		require.Equal(t, operator.Name, e.Actor)
 
-		// A run that finds nothing is recorded too, and a run without an
-		// actor is not.
+		// A run that finds nothing changed nothing: it writes no entry,
+		// with an actor or without.
 		res, err = b.store.Purge(b.ctx, inbox.PurgeParams{Audit: &operator})
 		require.NoError(t, err)
 		require.Zero(t, res.Deleted)
-		require.NotEmpty(t, res.AuditID)
+		require.Equal(t, 1, res.Batches)
+		require.Empty(t, res.AuditID)
 		res, err = b.store.Purge(b.ctx, inbox.PurgeParams{})
 		require.NoError(t, err)
 		require.Empty(t, res.AuditID)
 		entries = b.allAudit(t, inbox.AuditFilter{Action: inbox.ActionPurge})
+		require.Len(t, entries, 1)
+		require.EqualValues(t, 50, entries[0].Count)
+
+		// A run whose last batch deletes nothing, after full ones, is
+		// recorded once, with its count.
+		b.seed(t, "even", 16, inbox.StatusCompleted, past)
+		res, err = b.store.Purge(b.ctx, inbox.PurgeParams{BatchSize: 8, Pause: -1, Audit: &operator})
+		require.NoError(t, err)
+		require.EqualValues(t, 16, res.Deleted)
+		require.Equal(t, 3, res.Batches)
+		entries = b.allAudit(t, inbox.AuditFilter{Action: inbox.ActionPurge})
 		require.Len(t, entries, 2)
-		require.Zero(t, entries[0].Count)
+		require.Equal(t, res.AuditID, entries[0].ID)
+		require.EqualValues(t, 16, entries[0].Count)
 	})
 
 	t.Run("AnInterruptedPurgeCountsWhatItDeleted", func(t *testing.T) {
@@ -872,6 +885,8 @@ func runOperator(t *testing.T, h Harness) {
 			require.NoError(t, err)
 		}
 		step()
+		// A purge that deletes nothing is no audit event: give it a record.
+		b.seed(t, "expired", 1, inbox.StatusCompleted, clk.Now().Add(-time.Hour))
 		_, err := b.store.Purge(b.ctx, inbox.PurgeParams{Audit: &inbox.Actor{Name: "cron", Reason: "nightly"}})
 		require.NoError(t, err)
 
