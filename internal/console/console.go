@@ -24,11 +24,14 @@ import (
 var ErrInvalidConfig = errors.New("console: invalid config")
 
 // ErrTokenRequired: a console bound beyond the loopback interface has no
-// token, or one shorter than [MinTokenLen] bytes. See [CheckBind].
-var ErrTokenRequired = errors.New("console: a token of at least 16 bytes is required to listen beyond the loopback interface")
+// token, or a console has a token shorter than [MinTokenLen] bytes,
+// wherever it listens. See [CheckBind].
+var ErrTokenRequired = errors.New("console: a token of at least 16 bytes is required")
 
-// MinTokenLen is the shortest token [CheckBind] accepts for an address
-// beyond the loopback interface, in bytes. `openssl rand -hex 32` makes a
+// MinTokenLen is the shortest token the console accepts, in bytes: beyond
+// the loopback interface, where one is required, and on it, where one is
+// optional — a short token is no harder to guess for a local process or a
+// browser's page than for a remote one. `openssl rand -hex 32` makes a
 // good one.
 const MinTokenLen = 16
 
@@ -156,6 +159,9 @@ func (c Config) validate() error {
 	}
 	if err := inbox.CheckText(c.Actor, inbox.MaxActorLen); err != nil {
 		errs = append(errs, fmt.Errorf("%w: Actor %w", ErrInvalidConfig, err))
+	}
+	if c.Token != "" && len(c.Token) < MinTokenLen {
+		errs = append(errs, fmt.Errorf("%w: the token has %d bytes; `openssl rand -hex 32` makes a good one", ErrTokenRequired, len(c.Token)))
 	}
 	if strings.ContainsAny(c.Token, " \t\r\n") {
 		errs = append(errs, fmt.Errorf("%w: Token contains white space, which an Authorization header cannot carry", ErrInvalidConfig))
@@ -345,26 +351,27 @@ func (p slogPrinter) Println(v ...any) { p.log.Error("console metrics", "error",
 // CheckBind refuses to serve the console on addr without a token of at
 // least [MinTokenLen] bytes unless addr is a loopback address:
 // "127.0.0.1:8080", "[::1]:8080" and "localhost:8080" pass without one;
-// ":8080", "0.0.0.0:8080" and any other host need a token. The host must
-// be an IP address or "localhost": another name could resolve anywhere.
-// ("localhost" is trusted by name here; a caller should check that the
-// listener it gets is on a loopback address.)
+// ":8080", "0.0.0.0:8080" and any other host need a token. A token that is
+// given must have MinTokenLen bytes on a loopback address too. The host
+// must be an IP address or "localhost": another name could resolve
+// anywhere. ("localhost" is trusted by name here; a caller should check
+// that the listener it gets is on a loopback address.)
 func CheckBind(addr, token string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%w: address %q: %w", ErrInvalidConfig, addr, err)
 	}
-	if isLoopback(host) {
-		return nil
-	}
+	where := host
 	if host == "" {
-		host = "every interface"
+		where = "every interface"
 	}
-	if token == "" {
-		return fmt.Errorf("%w: %s is not a loopback address; pass a token (--token or INBOXMILL_TOKEN; `openssl rand -hex 32` makes one) or bind to 127.0.0.1", ErrTokenRequired, host)
-	}
-	if len(token) < MinTokenLen {
-		return fmt.Errorf("%w: the token has %d bytes, too few to guard %s; `openssl rand -hex 32` makes a good one", ErrTokenRequired, len(token), host)
+	switch {
+	case token == "" && isLoopback(host):
+		return nil
+	case token == "":
+		return fmt.Errorf("%w to listen beyond the loopback interface: %s is not a loopback address; pass a token (--token or INBOXMILL_TOKEN; `openssl rand -hex 32` makes one) or bind to 127.0.0.1", ErrTokenRequired, where)
+	case len(token) < MinTokenLen:
+		return fmt.Errorf("%w: the token has %d bytes, too few to guard %s; `openssl rand -hex 32` makes a good one", ErrTokenRequired, len(token), where)
 	}
 	return nil
 }

@@ -441,7 +441,7 @@ func TestReadOnly(t *testing.T) {
 // TestSecurityHeaders checks the headers every response carries.
 func TestSecurityHeaders(t *testing.T) {
 	t.Parallel()
-	b := setup(t, testdb.SQLite, console.Config{Token: "t0ken"})
+	b := setup(t, testdb.SQLite, console.Config{Token: "t0ken-t0ken-t0ken"})
 	c := b.client(t)
 	for _, path := range []string{"/", "/login", "/healthz", "/static/console.css", "/nowhere"} {
 		r := c.get(path)
@@ -519,6 +519,11 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	require.ErrorIs(t, err, console.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "PageSize")
 	assert.Contains(t, err.Error(), "white space")
+	// The handler refuses a short token whatever the address: a caller
+	// that skips CheckBind gets no weaker console.
+	_, err = console.New(console.Config{Store: b.store, Token: "0123456789abcde"})
+	require.ErrorIs(t, err, console.ErrTokenRequired)
+	assert.Contains(t, err.Error(), "15 bytes")
 
 	reg := prometheus.NewRegistry()
 	_, err = console.New(console.Config{Store: b.store, Registry: reg})
@@ -554,7 +559,12 @@ func TestCheckBind(t *testing.T) {
 		{"0.0.0.0:8080", "0123456789abcde", console.ErrTokenRequired}, // 15 bytes
 		{"0.0.0.0:8080", "0123456789abcdef", nil},
 		{":8080", strings.Repeat("f", 64), nil},
-		{"127.0.0.1:8080", "t", nil}, // a token is optional on loopback
+		// A token is optional on loopback, but one given must be as long
+		// as anywhere: a short one is as guessable from a local process.
+		{"127.0.0.1:8080", "t", console.ErrTokenRequired},
+		{"[::1]:8080", "0123456789abcde", console.ErrTokenRequired},
+		{"localhost:8080", "short", console.ErrTokenRequired},
+		{"127.0.0.1:8080", "0123456789abcdef", nil},
 		{"no-port", "", console.ErrInvalidConfig},
 	} {
 		err := console.CheckBind(tc.addr, tc.token)

@@ -19,7 +19,8 @@
 // # Security
 //
 // The console binds where its caller says; [CheckBind] refuses a
-// non-loopback address without a token of at least [MinTokenLen] bytes.
+// non-loopback address without a token, and [CheckBind] and [New] refuse
+// a token shorter than [MinTokenLen] bytes wherever it listens.
 // Without a token it answers only requests whose Host is a loopback name
 // (localhost, 127.0.0.0/8, [::1]) or one of [Config.AllowedHosts], and 421
 // to others, so that a page on another site cannot reach it by rebinding
