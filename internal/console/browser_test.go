@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -270,4 +273,113 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name), png, 0o644))
 	t.Logf("wrote %s", filepath.Join(dir, name))
+}
+
+// TestBrowserHostilePage plays another site's page against a console the
+// operator is logged in to, in headless Chromium. The page is served from
+// another port of the same host (same site, another origin, so the
+// browser sends the console's SameSite=Strict login cookie along), and
+// its server has fetched a CSRF token of the console's own — any client
+// can, from the login page — and plants it as the CSRF cookie. The page
+// then submits a forget form carrying that token, and a script POSTs it
+// with fetch. Both are refused as sent by another site, and the record
+// stays; the same from a page on another site. (Chromium always sends
+// Sec-Fetch-Site; TestOriginCheck covers a browser that sends only
+// Origin.)
+func TestBrowserHostilePage(t *testing.T) {
+	t.Parallel()
+	const token = "hostile-page-test-token-0123"
+	b := setup(t, testdb.SQLite, console.Config{Token: token})
+	ctx := browser(t)
+	step := func(name string) context.Context {
+		t.Log(name)
+		c, cancel := context.WithTimeout(ctx, 60*time.Second)
+		t.Cleanup(cancel)
+		return c
+	}
+
+	// The operator logs in.
+	c := step("login")
+	require.NoError(t, chromedp.Do(c, chromedp.Navigate(b.srv.URL+"/login")))
+	res, err := chromedp.RunResponse(c,
+		chromedp.SendKeys(chromedp.ID("token"), token),
+		chromedp.Click(chromedp.CSS(`.login button[type=submit]`)))
+	require.NoError(t, err)
+	require.Equal(t, int64(http.StatusOK), res.Status)
+
+	// The attacker's server takes a CSRF token from the console as any
+	// client may, and serves a page that plants it and submits a forget.
+	res2, err := http.Get(b.srv.URL + "/login")
+	require.NoError(t, err)
+	_ = res2.Body.Close()
+	var stolen string
+	for _, ck := range res2.Cookies() {
+		if ck.Name == "inboxmill_csrf" {
+			stolen = ck.Value
+		}
+	}
+	require.NotEmpty(t, stolen)
+	form := map[string]string{"scope": b.seed.failed.Scope, "operation": b.seed.failed.Operation, "key": b.seed.failed.Key,
+		"reason": "hostile", "mode": "apply", "confirm": "yes", "csrf_token": stolen}
+	var hits atomic.Int32
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		hits.Add(1)
+		// Cookies do not keep ports apart: this one reaches the console.
+		http.SetCookie(w, &http.Cookie{Name: "inboxmill_csrf", Value: stolen, Path: "/", SameSite: http.SameSiteLaxMode})
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		var fields strings.Builder
+		for k, v := range form {
+			fmt.Fprintf(&fields, `<input type="hidden" name="%s" value="%s">`, html.EscapeString(k), html.EscapeString(v))
+		}
+		fmt.Fprintf(w, `<!doctype html><html><body>
+<form id="f" method="post" action="%s/record/forget">%s</form>
+<script>
+fetch(%s, {method: 'POST', mode: 'no-cors', credentials: 'include', body: new URLSearchParams(%s)})
+	.finally(() => document.getElementById('f').submit());
+</script></body></html>`, b.srv.URL, fields.String(), js(b.srv.URL+"/record/forget"), js(form))
+	}))
+	t.Cleanup(evil.Close)
+
+	attack := func(name, pageURL string) {
+		t.Helper()
+		before := strings.Count(b.logs.String(), "sent by another site")
+		c := step(name)
+		_, err := chromedp.RunResponse(c, chromedp.Navigate(pageURL))
+		require.NoError(t, err)
+		// Both the fetch and the form reach the console and are refused
+		// as another site's (not merely for a CSRF token: the planted one
+		// is valid).
+		waitTrue(t, name, func() bool { return strings.Count(b.logs.String(), "sent by another site")-before >= 2 })
+		// The form's submission navigated to the console's answer.
+		var body string
+		waitTrue(t, name+": the console's answer", func() bool {
+			body, err = chromedp.Run(c, chromedp.Evaluate[string](`location.href === `+js(b.srv.URL+"/record/forget")+
+				` ? document.body.textContent : ""`))
+			return err == nil && body != ""
+		})
+		assert.Contains(t, body, "another site", name)
+		assert.Equal(t, inbox.StatusFailed, b.record(t, b.seed.failed).Status, name)
+		assert.Empty(t, b.audit(t, b.seed.failed), name)
+	}
+	// Another port of the console's host: the same site, another origin.
+	attack("hostile page on the same host", evil.URL)
+	// Another host name for the same server: another site.
+	attack("hostile page on another site", strings.Replace(evil.URL, "127.0.0.1", "localhost", 1))
+	require.EqualValues(t, 2, hits.Load())
+}
+
+// waitTrue polls cond for up to 30 seconds.
+func waitTrue(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

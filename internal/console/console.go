@@ -189,6 +189,10 @@ type handler struct {
 	actions *prometheus.CounterVec
 	gauges  *overviewCollector
 	mux     *http.ServeMux
+	// origins refuses a state-changing request from another origin, by
+	// its Sec-Fetch-Site header or, from a browser that sends none, by
+	// its Origin header against its Host.
+	origins *http.CrossOriginProtection
 }
 
 // New returns the console as an http.Handler to mount at the root of a
@@ -215,13 +219,16 @@ type handler struct {
 // cross-site) gets 403 unless it is a top-level GET navigation (a link
 // followed; Sec-Fetch-Mode: navigate and Sec-Fetch-Dest: document) or for
 // /static/ or /healthz: another site's page cannot make the console run
-// queries behind an image or a script.
+// queries behind an image or a script. A POST gets 403 too when
+// Sec-Fetch-Site is not same-origin or, from a browser that sends no
+// Sec-Fetch-Site, when its Origin header names another host than its Host
+// header ([http.CrossOriginProtection]).
 func New(cfg Config) (http.Handler, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	h := &handler{cfg: cfg, store: cfg.Store, log: cfg.Logger, secret: make([]byte, 32)}
+	h := &handler{cfg: cfg, store: cfg.Store, log: cfg.Logger, secret: make([]byte, 32), origins: http.NewCrossOriginProtection()}
 	if _, err := rand.Read(h.secret); err != nil {
 		return nil, fmt.Errorf("console: secret: %w", err)
 	}
@@ -309,6 +316,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.log.Info("console request refused: sent by another site", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 		http.Error(sw, "403 forbidden: the console does not answer requests another site's page makes; open it directly.",
 			http.StatusForbidden)
+	case h.origins.Check(r) != nil:
+		// A POST from another origin, which the CSRF token alone would
+		// not stop if the token ever leaked.
+		h.log.Info("console request refused: sent by another site (its Origin is not this console's)", "method", r.Method,
+			"path", r.URL.Path, "remote", r.RemoteAddr)
+		http.Error(sw, "403 forbidden: this change was sent by another site's page (its Origin is not this console's); "+
+			"open the console directly. Behind a reverse proxy, pass the Host header through.", http.StatusForbidden)
 	default:
 		h.mux.ServeHTTP(sw, r)
 	}

@@ -31,7 +31,12 @@
 // login form's login cookie (HttpOnly, SameSite=Strict, signed with a
 // secret that lives only in this process). Every state-changing request
 // is a POST that must carry a CSRF token (a signed double-submit token:
-// cookie and form field, compared in constant time). Pages are rendered
+// cookie and form field, compared in constant time) and come from the
+// console's own origin: Sec-Fetch-Site same-origin or, from a browser
+// that sends no Sec-Fetch-Site, an Origin header whose host is the
+// request's Host ([http.CrossOriginProtection]). Cookies do not keep the
+// ports of one host apart, so the origin check is what stops a page on
+// another port that planted a CSRF token it fetched. Pages are rendered
 // with html/template, so keys, scopes and errors are always escaped, and
 // they load no script; the Content-Security-Policy forbids scripts,
 // framing and foreign origins. Record links carry the record's ID in the
