@@ -82,9 +82,28 @@ type Config struct {
 	// Registering twice in one registry fails New.
 	Registry *prometheus.Registry
 
+	// LoginFailures is how many wrong tokens in a row — through the login
+	// form or as bearer tokens — one client may send before it is locked
+	// out for LoginLockout. A client is its IP address (an IPv6 address
+	// its /64 network); behind a reverse proxy every client is the
+	// proxy. Defaults to 5.
+	LoginFailures int
+
+	// LoginLockout is how long a client is locked out after LoginFailures
+	// wrong tokens: every token it sends meanwhile, the right one too, is
+	// answered 429 with Retry-After and not checked. Each wrong token
+	// after a lockout locks it out again, twice as long as the last time,
+	// up to 16 times LoginLockout; a right token, or a quiet spell of 16
+	// times LoginLockout, starts over. A client already logged in keeps
+	// its session. Defaults to 1 minute (lockouts of 1, 2, 4, 8 and 16
+	// minutes).
+	LoginLockout time.Duration
+
 	// LoginTTL is how long a login lasts. Defaults to 12 hours. Logins
-	// also end when the process restarts: they are signed with a secret
-	// that lives only in memory.
+	// also end at logout, on the server (a copy of the login cookie does
+	// not outlive it), and when the process restarts: sessions are kept
+	// and signed in memory only. At most 1000 are live at once; a new one
+	// beyond that ends the one closest to its end.
 	LoginTTL time.Duration
 
 	// PageSize is how many records and audit entries a page lists unless
@@ -118,6 +137,12 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if c.LoginFailures == 0 {
+		c.LoginFailures = DefaultLoginFailures
+	}
+	if c.LoginLockout == 0 {
+		c.LoginLockout = DefaultLoginLockout
+	}
 	if c.LoginTTL == 0 {
 		c.LoginTTL = 12 * time.Hour
 	}
@@ -137,6 +162,12 @@ func (c Config) validate() error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, fmt.Errorf("%w: Store is nil", ErrInvalidConfig))
+	}
+	if c.LoginFailures < 0 {
+		errs = append(errs, fmt.Errorf("%w: LoginFailures is negative", ErrInvalidConfig))
+	}
+	if c.LoginLockout < 0 || c.LoginLockout > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("%w: LoginLockout %v is not between 0 and 24h", ErrInvalidConfig, c.LoginLockout))
 	}
 	if c.LoginTTL < 0 {
 		errs = append(errs, fmt.Errorf("%w: LoginTTL is negative", ErrInvalidConfig))
@@ -193,6 +224,11 @@ type handler struct {
 	// its Sec-Fetch-Site header or, from a browser that sends none, by
 	// its Origin header against its Host.
 	origins *http.CrossOriginProtection
+	// limiter locks out clients that send wrong tokens; sessions are the
+	// live logins.
+	limiter  *loginLimiter
+	sessions *sessionStore
+	now      func() time.Time // the clock of logins and of the login limit
 }
 
 // New returns the console as an http.Handler to mount at the root of a
@@ -228,7 +264,8 @@ func New(cfg Config) (http.Handler, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	h := &handler{cfg: cfg, store: cfg.Store, log: cfg.Logger, secret: make([]byte, 32), origins: http.NewCrossOriginProtection()}
+	h := &handler{cfg: cfg, store: cfg.Store, log: cfg.Logger, secret: make([]byte, 32), origins: http.NewCrossOriginProtection(),
+		limiter: newLoginLimiter(cfg.LoginFailures, cfg.LoginLockout), sessions: newSessionStore(), now: time.Now}
 	if _, err := rand.Read(h.secret); err != nil {
 		return nil, fmt.Errorf("console: secret: %w", err)
 	}

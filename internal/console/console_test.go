@@ -331,7 +331,9 @@ func TestFindByDigest(t *testing.T) {
 func TestAuth(t *testing.T) {
 	t.Parallel()
 	const token = "s3cr3t-console-token-0123456789"
-	b := setup(t, testdb.SQLite, console.Config{Token: token})
+	// Many wrong tokens from one address: the login limit has a test of
+	// its own.
+	b := setup(t, testdb.SQLite, console.Config{Token: token, LoginFailures: 1000})
 	anon := b.client(t)
 	for _, path := range []string{"/", "/records", recordPath(b.seed.pending), "/audit", "/metrics", "/nowhere"} {
 		r := anon.get(path)

@@ -29,7 +29,9 @@
 // to a page, the stylesheet and /healthz. With [Config.Token] set, every
 // page, form and /metrics needs it, as a bearer token or through the
 // login form's login cookie (HttpOnly, SameSite=Strict, signed with a
-// secret that lives only in this process). Every state-changing request
+// secret that lives only in this process, and naming a session that
+// logging out ends on the server). Wrong tokens from one client lock it
+// out for a while ([Config.LoginFailures], [Config.LoginLockout]). Every state-changing request
 // is a POST that must carry a CSRF token (a signed double-submit token:
 // cookie and form field, compared in constant time) and come from the
 // console's own origin: Sec-Fetch-Site same-origin or, from a browser

@@ -69,7 +69,10 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 }
 
 func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
-	if !h.authenticated(r) {
+	if ok, wait := h.authenticate(r); wait > 0 {
+		h.tooMany(w, r, wait)
+		return
+	} else if !ok {
 		h.unauthorized(w, r, "")
 		return
 	}
