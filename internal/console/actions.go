@@ -32,7 +32,11 @@ func (h *handler) readAction(w http.ResponseWriter, r *http.Request, name string
 		h.render(w, r, http.StatusForbidden, "error", &view{Title: "Read-only", Error: "This console is read-only: it changes nothing."})
 		return a, false
 	}
-	if !h.checkCSRF(w, r) {
+	if !h.readForm(w, r) {
+		h.actions.WithLabelValues(name, "refused").Inc()
+		return a, false
+	}
+	if !h.checkCSRF(r) {
 		h.actions.WithLabelValues(name, "refused").Inc()
 		h.forbidden(w, r)
 		return a, false
@@ -41,7 +45,15 @@ func (h *handler) readAction(w http.ResponseWriter, r *http.Request, name string
 	a.id = inbox.ID{Scope: f.Get("scope"), Operation: f.Get("operation"), Key: f.Get("key")}
 	a.form = actionForm{To: f.Get("to"), Reason: f.Get("reason"), Actor: f.Get("actor"),
 		ExternalRef: f.Get("external_ref")}
-	a.dryRun = f.Get("mode") == "dry-run"
+	switch mode := f.Get("mode"); mode {
+	case "dry-run":
+		a.dryRun = true
+	case "", "apply": // "": a client that posts the form without pressing a button
+	default:
+		h.actions.WithLabelValues(name, "refused").Inc()
+		h.badInput(w, r, fmt.Sprintf("The form's mode %q is neither dry-run nor apply: nothing was changed.", mode))
+		return a, false
+	}
 	a.actor = inbox.Actor{Name: strings.TrimSpace(a.form.Actor), Reason: strings.TrimSpace(a.form.Reason)}
 	if a.actor.Name == "" {
 		a.actor.Name = h.cfg.Actor

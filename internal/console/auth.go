@@ -187,13 +187,9 @@ func (h *handler) validCSRF(tok string) bool {
 }
 
 // checkCSRF reports whether a POST carries the CSRF token in its cookie and
-// in its form, the same in both and signed by this process. It parses the
-// form (bounded to maxFormBytes).
-func (h *handler) checkCSRF(w http.ResponseWriter, r *http.Request) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
-	if err := r.ParseForm(); err != nil {
-		return false
-	}
+// in its form, the same in both and signed by this process. The form must
+// have been read (readForm).
+func (h *handler) checkCSRF(r *http.Request) bool {
 	// A browser says where a request comes from; refuse what another site
 	// sent even before looking at the token.
 	if site := r.Header.Get("Sec-Fetch-Site"); site == "cross-site" || site == "same-site" {
@@ -253,15 +249,22 @@ func localPath(p string) string {
 }
 
 func (h *handler) loginPage(w http.ResponseWriter, r *http.Request) {
-	if h.cfg.Token == "" || h.authenticated(r) {
-		http.Redirect(w, r, localPath(r.URL.Query().Get("next")), http.StatusSeeOther)
+	q, ok := h.query(w, r)
+	if !ok {
 		return
 	}
-	h.render(w, r, http.StatusOK, "login", &view{Title: "Log in", Data: loginView{Next: localPath(r.URL.Query().Get("next"))}})
+	if h.cfg.Token == "" || h.authenticated(r) {
+		http.Redirect(w, r, localPath(q.Get("next")), http.StatusSeeOther)
+		return
+	}
+	h.render(w, r, http.StatusOK, "login", &view{Title: "Log in", Data: loginView{Next: localPath(q.Get("next"))}})
 }
 
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
-	if !h.checkCSRF(w, r) {
+	if !h.readForm(w, r) {
+		return
+	}
+	if !h.checkCSRF(r) {
 		h.forbidden(w, r)
 		return
 	}
@@ -295,7 +298,10 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
-	if !h.checkCSRF(w, r) {
+	if !h.readForm(w, r) {
+		return
+	}
+	if !h.checkCSRF(r) {
 		h.forbidden(w, r)
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -75,6 +76,9 @@ const (
 )
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.query(w, r); !ok {
+		return
+	}
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	ov, err := h.store.Overview(ctx)
@@ -155,7 +159,10 @@ type listForm struct {
 }
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
 	if d := strings.TrimSpace(q.Get("digest")); d != "" {
 		h.findDigest(w, r, d, strings.TrimSpace(q.Get("operation")))
 		return
@@ -233,18 +240,41 @@ func parseFilter(q url.Values, pageSize int) (inbox.Filter, error) {
 }
 
 // parseAge reads a duration as time.ParseDuration does, plus a number of
-// days ("2d").
+// days written in decimal ("2d", "1.5d"). It refuses a negative one and
+// one too long for a time.Duration (about 292 years), which a conversion
+// from days would silently wrap.
 func parseAge(s string) (time.Duration, error) {
-	if n, ok := strings.CutSuffix(s, "d"); ok {
-		if days, err := strconv.ParseFloat(n, 64); err == nil && days >= 0 {
-			return time.Duration(days * float64(24*time.Hour)), nil
+	bad := fmt.Errorf("older than %q is not a duration such as 90s, 15m, 2h or 3d (from 0 to 106,751 days)", s)
+	if n, ok := strings.CutSuffix(s, "d"); ok && decimal(n) {
+		days, err := strconv.ParseFloat(n, 64)
+		if err != nil || days*float64(24*time.Hour) >= math.MaxInt64 {
+			return 0, bad
 		}
+		return time.Duration(days * float64(24*time.Hour)), nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < 0 {
-		return 0, fmt.Errorf("older than %q is not a duration such as 90s, 15m, 2h or 3d", s)
+		return 0, bad
 	}
 	return d, nil
+}
+
+// decimal reports whether s is digits with at most one decimal point
+// between them: no sign, exponent, hexadecimal or underscore, which
+// strconv.ParseFloat would take.
+func decimal(s string) bool {
+	digits, point := 0, false
+	for i, c := range s {
+		switch {
+		case c >= '0' && c <= '9':
+			digits++
+		case c == '.' && !point && i > 0 && i < len(s)-1:
+			point = true
+		default:
+			return false
+		}
+	}
+	return digits > 0
 }
 
 // listURL is the link to the record list with filter f.
@@ -301,7 +331,10 @@ type actionForm struct {
 }
 
 func (h *handler) recordByID(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
 	id := inbox.ID{Scope: q.Get("scope"), Operation: q.Get("operation"), Key: q.Get("key")}
 	if err := id.Validate(); err != nil {
 		h.render(w, r, http.StatusBadRequest, "error", &view{Title: "Bad record", Error: "This link does not name a record: " + err.Error()})
@@ -311,9 +344,13 @@ func (h *handler) recordByID(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) recordByDigest(w http.ResponseWriter, r *http.Request) {
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	rec, err := h.store.FindByDigest(ctx, r.PathValue("digest"), r.URL.Query().Get("operation"))
+	rec, err := h.store.FindByDigest(ctx, r.PathValue("digest"), q.Get("operation"))
 	if err != nil {
 		h.digestFailed(w, r, err)
 		return
@@ -407,7 +444,10 @@ type auditView struct {
 var auditActions = map[string]bool{"": true, "resolve": true, "forget": true, "purge": true}
 
 func (h *handler) audit(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
 	action := q.Get("action")
 	v := auditView{Action: action}
 	if q.Get("key") != "" {
