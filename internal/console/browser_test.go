@@ -197,6 +197,29 @@ func TestBrowser(t *testing.T) {
 	assert.Equal(t, row{Action: "resolve", Record: "charge_card · " + b.seed.pending.Digest(), Change: "pending → completed",
 		Actor: "oncall", Reason: "Charge ch_3QyT8fLkd81mZ2aB0x7 succeeded at the provider (INC-4211)"}, rows[0])
 
+	// Forget asks first: its button leads to a confirmation page, and
+	// only that page's button deletes the record.
+	c = step("forget")
+	forgotten := b.seed.completed
+	require.NoError(t, chromedp.Do(c,
+		chromedp.Navigate(b.srv.URL+recordPath(forgotten)),
+		chromedp.SendKeys(chromedp.CSS(`#forget textarea[name=reason]`), "run it again on purpose")))
+	res, err = chromedp.RunResponse(c, chromedp.Click(chromedp.CSS(`#forget button.danger`)))
+	require.NoError(t, err)
+	require.Equal(t, int64(http.StatusOK), res.Status)
+	heading, err := chromedp.Run(c, chromedp.Text(chromedp.CSS("#confirm h1")))
+	require.NoError(t, err)
+	assert.Equal(t, "Forget this record?", heading)
+	assert.Equal(t, inbox.StatusCompleted, b.record(t, forgotten).Status, "asked, not deleted")
+	res, err = chromedp.RunResponse(c, chromedp.Click(chromedp.ID("confirm-forget")))
+	require.NoError(t, err)
+	require.Equal(t, int64(http.StatusOK), res.Status)
+	notice, err = chromedp.Run(c, chromedp.Text(chromedp.CSS(".banner.notice")))
+	require.NoError(t, err)
+	assert.Contains(t, notice, "Record forgotten")
+	_, err = b.store.Get(context.Background(), b.store.DB(), forgotten)
+	require.ErrorIs(t, err, inbox.ErrNotFound)
+
 	// A form submitted without its CSRF token is refused with 403, and the
 	// record stays.
 	c = step("csrf")

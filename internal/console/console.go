@@ -240,7 +240,8 @@ type handler struct {
 //	GET  /record             one record by ?scope=&operation=&key=, with its audit history
 //	GET  /records/{digest}   one record by the key digest logs print (?operation= narrows the search)
 //	POST /record/resolve     resolve a pending record, or a processing one whose lease expired
-//	POST /record/forget      delete a record so that the next delivery runs again
+//	POST /record/forget      delete a record so that the next delivery runs again; without
+//	                         confirm=yes (and not a dry run) it answers a page that asks first
 //	GET  /audit              the audit trail, newest first (?action= filters), paged
 //	GET  /login, POST /login, POST /logout   the token login (with Config.Token)
 //	GET  /metrics            Prometheus metrics (authenticated like the pages)

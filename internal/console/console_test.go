@@ -107,9 +107,10 @@ func TestResolveAndForget(t *testing.T) {
 		assert.Contains(t, a.body, "charge ch_3Qy found at the provider")
 		assert.Contains(t, a.body, b.seed.pending.Digest())
 
-		// Forget, with the actor the form names.
+		// Forget, with the actor the form names, confirmed (see
+		// TestForgetConfirms).
 		r = c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "address fixed; ship again", "actor", "alice",
-			"mode", "apply"))
+			"mode", "apply", "confirm", "yes"))
 		require.Equal(t, http.StatusSeeOther, r.status, r.body)
 		_, err := b.store.Get(context.Background(), b.store.DB(), b.seed.failed)
 		require.ErrorIs(t, err, inbox.ErrNotFound)
@@ -581,3 +582,40 @@ func TestCheckBind(t *testing.T) {
 // TestMain fails the binary when a test leaves a goroutine behind: the
 // console starts none of its own.
 func TestMain(m *testing.M) { testkit.MainWithLeakCheck(m) }
+
+// TestForgetConfirms: the forget form asks for confirmation first — a
+// page that says what will be deleted and what follows, with its own
+// button — and only that button's request deletes the record.
+func TestForgetConfirms(t *testing.T) {
+	eachKind(t, func(t *testing.T, kind testdb.Kind) {
+		b := setup(t, kind, console.Config{})
+		c := b.client(t)
+		tok := c.csrf(recordPath(b.seed.failed))
+		for _, mode := range []string{"apply", ""} {
+			r := c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "address fixed", "actor", "alice", "mode", mode))
+			require.Equal(t, http.StatusOK, r.status, r.body)
+			assert.Contains(t, r.body, "Forget this record?")
+			assert.Contains(t, r.body, "runs the handler again")
+			assert.Contains(t, r.body, `name="confirm" value="yes"`)
+			assert.Contains(t, r.body, `value="address fixed"`, "the reason is carried over")
+			assert.Contains(t, r.body, `href="`+html.EscapeString(recordPath(b.seed.failed))+`"`, "a way back")
+			assert.Equal(t, inbox.StatusFailed, b.record(t, b.seed.failed).Status, "asked, not deleted")
+			assert.Empty(t, b.audit(t, b.seed.failed))
+		}
+		assert.Equal(t, http.StatusBadRequest, c.post("/record/forget",
+			actionForm(b.seed.failed, tok, "reason", "x", "mode", "apply", "confirm", "y")).status)
+
+		// The confirmation page's own form deletes it.
+		page := c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "address fixed", "mode", "apply"))
+		form := url.Values{}
+		for _, m := range regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`).FindAllStringSubmatch(page.body, -1) {
+			form.Set(m[1], html.UnescapeString(m[2]))
+		}
+		require.Equal(t, "yes", form.Get("confirm"))
+		r := c.post("/record/forget", form)
+		require.Equal(t, http.StatusSeeOther, r.status, r.body)
+		_, err := b.store.Get(context.Background(), b.store.DB(), b.seed.failed)
+		require.ErrorIs(t, err, inbox.ErrNotFound)
+		require.Len(t, b.audit(t, b.seed.failed), 1)
+	})
+}

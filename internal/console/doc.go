@@ -11,7 +11,8 @@
 // cursor. A record's page shows every column, its lease and its audit
 // history, with forms to resolve it (pending, or processing under an
 // expired lease) or forget it; both need a reason and land in the audit
-// trail, which has a page of its own. /metrics serves Prometheus gauges
+// trail, which has a page of its own. A forget asks for confirmation on a
+// page of its own before it deletes anything. /metrics serves Prometheus gauges
 // read from [inbox.Store.Overview], at most once per
 // [Config.MetricsMaxAge] however many scrapers ask; /healthz pings the
 // database.

@@ -34,7 +34,7 @@ type view struct {
 
 type pages struct{ byName map[string]*template.Template }
 
-var pageNames = []string{"overview", "records", "record", "audit", "login", "error"}
+var pageNames = []string{"overview", "records", "record", "audit", "login", "error", "confirm"}
 
 func loadPages() (*pages, error) {
 	p := &pages{byName: map[string]*template.Template{}}

@@ -66,7 +66,7 @@ func TestHostCheck(t *testing.T) {
 	c := b.client(t)
 	c.host = "localhost" + port
 	tok = c.csrf(recordPath(b.seed.failed))
-	r = c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "x"))
+	r = c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "x", "confirm", "yes"))
 	assert.Equal(t, http.StatusSeeOther, r.status, r.body)
 
 	// With a token, which every request must carry, any name will do: the
