@@ -406,3 +406,98 @@ func waitTrue(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// overflowProbe lists what sticks out sideways on the page: the page
+// itself wider than the viewport, and any element wider than the box that
+// scrolls or clips it, or reaching past the viewport's right edge. Text
+// that a rule deliberately cuts with an ellipsis does not count.
+const overflowProbe = `(() => {
+	const vw = document.documentElement.clientWidth, out = [];
+	const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + (e.className && typeof e.className === 'string' ? '.' + e.className.trim().split(/\s+/).join('.') : '');
+	if (document.documentElement.scrollWidth > vw + 1) out.push('page ' + document.documentElement.scrollWidth + 'px > ' + vw + 'px');
+	const bad = new Set();
+	for (const e of document.body.querySelectorAll('*')) {
+		const s = getComputedStyle(e);
+		if (s.display === 'none' || s.visibility === 'hidden' || s.textOverflow === 'ellipsis') continue;
+		let why = '';
+		if (['auto', 'scroll', 'hidden'].includes(s.overflowX) && e.scrollWidth > e.clientWidth + 1) why = ' scrolls ' + e.scrollWidth + '>' + e.clientWidth;
+		const r = e.getBoundingClientRect();
+		if (!why && r.width > 0 && r.right > vw + 1) why = ' reaches ' + Math.round(r.right) + 'px';
+		if (!why) continue;
+		bad.add(e);
+		// The outermost offender says it; its children would repeat it.
+		if (!bad.has(e.parentElement) && out.length < 12) out.push(name(e) + why);
+	}
+	return out;
+})()`
+
+// TestBrowserPhone opens every page of the console in a phone-sized
+// viewport (390 by 844 CSS pixels, as an iPhone 12 to 15) and requires that
+// nothing overflows sideways: the tabs, tables and forms reflow. With
+// INBOXMILL_SCREENSHOTS=1 it writes the overview and the record list to
+// docs/img.
+func TestBrowserPhone(t *testing.T) {
+	t.Parallel()
+	const token = "phone-test-token-0123456789"
+	b := setup(t, testdb.SQLite, console.Config{Token: token})
+	// An audit entry, so that the audit table has a row.
+	_, _, err := b.store.Resolve(context.Background(), inbox.ResolveParams{ID: b.seed.expiredLease, To: inbox.StatusFailed,
+		Actor: inbox.Actor{Name: "oncall", Reason: "worker died; the provider has no charge for it (INC-4211)"}})
+	require.NoError(t, err)
+	ctx := browser(t)
+	step := func(name string) context.Context {
+		t.Log(name)
+		c, cancel := context.WithTimeout(ctx, 60*time.Second)
+		t.Cleanup(cancel)
+		return c
+	}
+	c := step("viewport")
+	require.NoError(t, chromedp.Do(c, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile, chromedp.EmulateTouch, chromedp.EmulateScale(3))))
+
+	check := func(name, path string, wantStatus int64) {
+		t.Helper()
+		c := step(name)
+		res, err := chromedp.Run(c, chromedp.NavigateResponse(b.srv.URL+path))
+		require.NoError(t, err)
+		require.Equal(t, wantStatus, res.Status, name)
+		width, err := chromedp.Run(c, chromedp.Evaluate[int](`document.documentElement.clientWidth`))
+		require.NoError(t, err)
+		require.Equal(t, 390, width, "the viewport is a phone's")
+		over, err := chromedp.Run(c, chromedp.Evaluate[[]string](overflowProbe))
+		require.NoError(t, err)
+		assert.Empty(t, over, "%s overflows sideways at 390px", name)
+		if dir := os.Getenv("INBOXMILL_PHONE_SHOTS"); dir != "" {
+			png, err := chromedp.Run(c, chromedp.FullScreenshot(100))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644))
+		}
+	}
+	check("login", "/login", http.StatusOK)
+	c = step("log in")
+	_, err = chromedp.RunResponse(c,
+		chromedp.SendKeys(chromedp.ID("token"), token),
+		chromedp.Click(chromedp.CSS(`.login button[type=submit]`)))
+	require.NoError(t, err)
+	check("overview", "/", http.StatusOK)
+	screenshot(t, step("overview shot"), "console-phone-overview.png")
+	check("records", "/records", http.StatusOK)
+	screenshot(t, step("records shot"), "console-phone-records.png")
+	check("records-filtered", "/records?status=pending&operation=charge_card", http.StatusOK)
+	check("record", recordPath(b.seed.pending), http.StatusOK)
+	check("record-xss", recordPath(b.seed.xss), http.StatusOK)
+	check("record-failed", recordPath(b.seed.failed), http.StatusOK)
+	check("audit", "/audit", http.StatusOK)
+	check("not-found", "/nowhere", http.StatusNotFound)
+
+	// The confirmation page of a forget.
+	c = step("confirm")
+	require.NoError(t, chromedp.Do(c,
+		chromedp.Navigate(b.srv.URL+recordPath(b.seed.failed)),
+		chromedp.SendKeys(chromedp.CSS(`#forget textarea[name=reason]`), "address fixed; ship it again")))
+	res, err := chromedp.RunResponse(c, chromedp.Click(chromedp.CSS(`#forget button.danger`)))
+	require.NoError(t, err)
+	require.Equal(t, int64(http.StatusOK), res.Status)
+	over, err := chromedp.Run(c, chromedp.Evaluate[[]string](overflowProbe))
+	require.NoError(t, err)
+	assert.Empty(t, over, "the confirmation page overflows sideways at 390px")
+}
