@@ -264,6 +264,34 @@ ORDER BY scope, operation, key LIMIT $10`,
 		inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore, inbox.ArgAttempt, inbox.ArgLimit)
 }
 
+// orderBy returns the column of o, its type and the arg of its value in
+// a cursor, and the comparison and direction o pages with.
+func orderBy(o inbox.ListOrder) (col, typ string, after inbox.Arg, cmp, dir string) {
+	col, typ, after = string(o.Column), "timestamptz", inbox.ArgAfterTime
+	if o.Column == inbox.OrderByAttempt {
+		typ, after = "bigint", inbox.ArgAfterAttempt
+	}
+	cmp, dir = ">", ""
+	if o.Desc {
+		cmp, dir = "<", " DESC"
+	}
+	return col, typ, after, cmp, dir
+}
+
+func (q queries) ListRecordsBy(o inbox.ListOrder) inbox.Query {
+	col, typ, after, cmp, dir := orderBy(o)
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
+WHERE ($1::integer = 0 OR (`+col+`, scope, operation, key) `+cmp+` ($2::`+typ+`, $3::text, $4::text, $5::text))
+	AND ($6::text = '' OR status = $6::text)
+	AND ($7::text = '' OR operation = $7::text)
+	AND ($8::integer = 0 OR scope = $9::text)
+	AND ($10::timestamptz IS NULL OR created_at < $10::timestamptz)
+	AND attempt > $11
+ORDER BY `+col+dir+`, scope`+dir+`, operation`+dir+`, key`+dir+` LIMIT $12`,
+		inbox.ArgAfterSet, after, inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgStatus,
+		inbox.ArgOperation, inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore, inbox.ArgAttempt, inbox.ArgLimit)
+}
+
 func (q queries) SelectKeys() inbox.Query {
 	return q.q(`SELECT scope, operation, key FROM "{{table}}"
 WHERE (scope, operation, key) > ($1, $2, $3) AND ($4::text = '' OR operation = $4::text)

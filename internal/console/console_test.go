@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,8 +9,10 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -617,5 +620,101 @@ func TestForgetConfirms(t *testing.T) {
 		_, err := b.store.Get(context.Background(), b.store.DB(), b.seed.failed)
 		require.ErrorIs(t, err, inbox.ErrNotFound)
 		require.Len(t, b.audit(t, b.seed.failed), 1)
+	})
+}
+
+// TestListSort: the record list sorts on the server by a column the
+// sort parameter names from a fixed list, each way, and pages in that
+// order; the column headers and the filter form link to the sorts.
+func TestListSort(t *testing.T) {
+	eachKind(t, func(t *testing.T, kind testdb.Kind) {
+		b := setup(t, kind, console.Config{})
+		c := b.client(t)
+		// A record taken over, so that attempts differ.
+		l, err := b.store.TakeOver(context.Background(), b.record(t, b.seed.expiredLease), inbox.TakeOverParams{Owner: "w2", Lease: time.Hour})
+		require.NoError(t, err)
+		require.NoError(t, l.Release(context.Background(), "handed back"))
+		all, err := b.store.List(context.Background(), inbox.Filter{Limit: 1000})
+		require.NoError(t, err)
+		keyRe := regexp.MustCompile(`<td class="key"[^>]*><a href="[^"]*" title="([^"]*)"`)
+		keys := func(body string) []string {
+			var out []string
+			for _, m := range keyRe.FindAllStringSubmatch(body, -1) {
+				out = append(out, html.UnescapeString(m[1]))
+			}
+			return out
+		}
+		for sortParam, less := range map[string]func(a, b *inbox.Record) int{
+			"created":  func(a, b *inbox.Record) int { return a.CreatedAt.Compare(b.CreatedAt) },
+			"-created": func(a, b *inbox.Record) int { return b.CreatedAt.Compare(a.CreatedAt) },
+			"updated":  func(a, b *inbox.Record) int { return a.UpdatedAt.Compare(b.UpdatedAt) },
+			"-updated": func(a, b *inbox.Record) int { return b.UpdatedAt.Compare(a.UpdatedAt) },
+			"attempt":  func(a, b *inbox.Record) int { return cmp.Compare(a.Attempt, b.Attempt) },
+			"-attempt": func(a, b *inbox.Record) int { return cmp.Compare(b.Attempt, a.Attempt) },
+		} {
+			desc := strings.HasPrefix(sortParam, "-")
+			sorted := slices.Clone(all.Records)
+			slices.SortStableFunc(sorted, func(x, y *inbox.Record) int {
+				if n := less(x, y); n != 0 {
+					return n
+				}
+				n := cmp.Or(strings.Compare(x.Scope, y.Scope), strings.Compare(x.Operation, y.Operation), strings.Compare(x.Key, y.Key))
+				if desc {
+					return -n
+				}
+				return n
+			})
+			var want []string
+			for _, r := range sorted {
+				want = append(want, r.Key)
+			}
+			// One page, and pages of two.
+			r := c.get("/records?sort=" + url.QueryEscape(sortParam))
+			require.Equal(t, http.StatusOK, r.status, r.body)
+			assert.Equal(t, want, keys(r.body), sortParam)
+			var paged []string
+			path := "/records?limit=2&sort=" + url.QueryEscape(sortParam)
+			for pages := 0; path != ""; pages++ {
+				require.Less(t, pages, 20)
+				r := c.get(path)
+				require.Equal(t, http.StatusOK, r.status, r.body)
+				paged = append(paged, keys(r.body)...)
+				path = ""
+				if m := regexp.MustCompile(`<a href="([^"]*)" rel="next">`).FindStringSubmatch(r.body); m != nil {
+					path = html.UnescapeString(m[1])
+					assert.Contains(t, path, "sort="+url.QueryEscape(sortParam), "the next page keeps the sort")
+				}
+			}
+			assert.Equal(t, want, paged, "%s in pages of two", sortParam)
+		}
+		// The headers link to the sorts: ascending first, then the other
+		// way; the form offers them too.
+		header := func(body, label string) string {
+			m := regexp.MustCompile(`<a class="sort" href="([^"]*)">` + label).FindStringSubmatch(body)
+			require.NotNil(t, m, "no sort link on %s", label)
+			return html.UnescapeString(m[1])
+		}
+		r := c.get("/records?status=pending")
+		link := header(r.body, "Created")
+		assert.Contains(t, link, "sort=created")
+		assert.Contains(t, link, "status=pending", "a sort keeps the filter")
+		assert.Contains(t, r.body, `<option value="-updated"`)
+		r = c.get("/records?sort=created")
+		assert.Contains(t, header(r.body, "Created"), "sort=-created")
+		assert.Contains(t, header(r.body, "Updated"), "sort=updated")
+		assert.Contains(t, r.body, `<th aria-sort="ascending"><a class="sort"`)
+		assert.Contains(t, r.body, `<option value="created" selected>`)
+		assert.Contains(t, c.get("/records?sort=-created").body, `<th aria-sort="descending"><a class="sort"`)
+		for _, bad := range []string{"payload_hash", "created_at;drop", "Created", "--created", " created"} {
+			r := c.get("/records?sort=" + url.QueryEscape(bad))
+			assert.Equal(t, http.StatusBadRequest, r.status, bad)
+			assert.Contains(t, r.body, "is not one of", bad)
+		}
+		// A cursor of one order is refused in another.
+		first := c.get("/records?limit=2&sort=created")
+		m := regexp.MustCompile(`<a href="([^"]*)" rel="next">`).FindStringSubmatch(first.body)
+		require.NotNil(t, m)
+		next := strings.Replace(html.UnescapeString(m[1]), "sort=created", "sort=-created", 1)
+		assert.Equal(t, http.StatusBadRequest, c.get(next).status)
 	})
 }

@@ -145,6 +145,97 @@ type recordsView struct {
 	NextURL  string
 	Paged    bool // not the first page
 	FirstURL string
+	Headers  []sortHeader
+	Sorts    []sortOption
+}
+
+// sortHeader is a column header of the record list: a link to its sort
+// when it has one.
+type sortHeader struct {
+	Label string
+	Class string
+	URL   string // "" for a column the list does not sort by
+	// Sort is "ascending" or "descending" when the list is sorted by this
+	// column (aria-sort), "" otherwise.
+	Sort string
+}
+
+// sortOption is an entry of the filter form's sort menu.
+type sortOption struct {
+	Value, Label string
+	Selected     bool
+}
+
+// sorts are the values of the list's sort parameter, in the order the
+// menu offers them: a whitelist, each naming one store order.
+var sorts = []struct {
+	value, label string
+	order        inbox.ListOrder
+}{
+	{"", "key (scope, operation, key)", inbox.ListOrder{}},
+	{"created", "created, oldest first", inbox.ListOrder{Column: inbox.OrderByCreated}},
+	{"-created", "created, newest first", inbox.ListOrder{Column: inbox.OrderByCreated, Desc: true}},
+	{"updated", "updated, least recently first", inbox.ListOrder{Column: inbox.OrderByUpdated}},
+	{"-updated", "updated, most recently first", inbox.ListOrder{Column: inbox.OrderByUpdated, Desc: true}},
+	{"attempt", "attempt, lowest first", inbox.ListOrder{Column: inbox.OrderByAttempt}},
+	{"-attempt", "attempt, highest first", inbox.ListOrder{Column: inbox.OrderByAttempt, Desc: true}},
+}
+
+// parseSort returns the store order of a sort parameter.
+func parseSort(s string) (inbox.ListOrder, error) {
+	if s == "key" {
+		s = ""
+	}
+	var names []string
+	for _, o := range sorts {
+		if o.value == s {
+			return o.order, nil
+		}
+		if o.value != "" {
+			names = append(names, o.value)
+		}
+	}
+	return inbox.ListOrder{}, fmt.Errorf("sort %q is not one of key, %s", s, strings.Join(names, ", "))
+}
+
+// sortValue is the sort parameter of a store order.
+func sortValue(o inbox.ListOrder) string {
+	for _, s := range sorts {
+		if s.order == o {
+			return s.value
+		}
+	}
+	return ""
+}
+
+// headers returns the record list's column headers for filter f: the
+// created, updated and attempt columns link to their sort, ascending, or
+// descending when the list is sorted by them ascending already.
+func headers(f inbox.Filter) []sortHeader {
+	out := []sortHeader{{Label: "Status"}, {Label: "Operation"}, {Label: "Scope"}, {Label: "Key"}}
+	for _, c := range []struct {
+		label, class string
+		col          inbox.OrderColumn
+	}{{"Attempt", "n", inbox.OrderByAttempt}, {"Created", "", inbox.OrderByCreated}, {"Updated", "", inbox.OrderByUpdated}} {
+		h := sortHeader{Label: c.label, Class: c.class}
+		link := f
+		link.After = ""
+		link.Order = inbox.ListOrder{Column: c.col}
+		if f.Order.Column == c.col {
+			h.Sort = "ascending"
+			if f.Order.Desc {
+				h.Sort = "descending"
+			} else {
+				link.Order.Desc = true
+			}
+		}
+		h.URL = listURL(link)
+		out = append(out, h)
+	}
+	if f.Order == (inbox.ListOrder{}) {
+		out[3].Sort = "ascending" // the key
+	}
+	return append(out, sortHeader{Label: "Lease"})
 }
 
 // listForm is the filter as the form shows it.
@@ -156,6 +247,7 @@ type listForm struct {
 	OlderThan    string
 	AttemptAbove string
 	Limit        string
+	Sort         string
 }
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
@@ -170,9 +262,9 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	form := listForm{
 		Status: q.Get("status"), Operation: q.Get("operation"), Scope: q.Get("scope"),
 		ByScope: q.Get("byscope") != "", OlderThan: q.Get("older_than"), AttemptAbove: q.Get("attempt_above"),
-		Limit: q.Get("limit"),
+		Limit: q.Get("limit"), Sort: q.Get("sort"),
 	}
-	v := recordsView{Form: form}
+	v := recordsView{Form: form, Headers: headers(inbox.Filter{}), Sorts: sortOptions(form.Sort)}
 	f, err := parseFilter(q, h.cfg.PageSize)
 	if err != nil {
 		h.render(w, r, http.StatusBadRequest, "records", &view{Title: "Records", Nav: "records", Error: err.Error(), Data: v})
@@ -189,7 +281,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		h.storeFailed(w, r, "listing records", err)
 		return
 	}
-	v.Records, v.Now = page.Records, h.store.Now()
+	v.Records, v.Now, v.Headers = page.Records, h.store.Now(), headers(f)
 	if page.Next != "" {
 		next := f
 		next.After = page.Next
@@ -201,6 +293,15 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		v.Paged, v.FirstURL = true, listURL(first)
 	}
 	h.render(w, r, http.StatusOK, "records", &view{Title: "Records", Nav: "records", Data: v})
+}
+
+// sortOptions are the sort menu's entries, with selected chosen.
+func sortOptions(selected string) []sortOption {
+	var out []sortOption
+	for _, s := range sorts {
+		out = append(out, sortOption{Value: s.value, Label: s.label, Selected: s.value == selected})
+	}
+	return out
 }
 
 // parseFilter reads a list filter from the query, reporting every bad
@@ -228,6 +329,11 @@ func parseFilter(q url.Values, pageSize int) (inbox.Filter, error) {
 			errs = append(errs, fmt.Errorf("attempt above %q is not a whole number of at least 0", s))
 		}
 		f.AttemptAbove = n
+	}
+	if o, err := parseSort(q.Get("sort")); err != nil {
+		errs = append(errs, err)
+	} else {
+		f.Order = o
 	}
 	if s := strings.TrimSpace(q.Get("limit")); s != "" {
 		n, err := strconv.Atoi(s)
@@ -300,6 +406,7 @@ func listURL(f inbox.Filter) string {
 	if f.Limit > 0 {
 		q.Set("limit", strconv.Itoa(f.Limit))
 	}
+	set("sort", sortValue(f.Order))
 	set("after", f.After)
 	if len(q) == 0 {
 		return "/records"
