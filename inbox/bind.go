@@ -22,10 +22,12 @@ type params struct {
 	version                                      int
 	name, lockName                               string
 	byScope                                      bool
-	after                                        ID        // keyset scans continue after this key
-	afterSet                                     bool      // an ordered listing continues after a row
-	afterTime                                    time.Time // and this is the row's order column, a time
-	afterAttempt                                 int64     // or its attempt
+	after                                        ID            // keyset scans continue after this key
+	afterSet                                     bool          // an ordered listing continues after a row
+	afterTime                                    time.Time     // and this is the row's order column, a time
+	afterAttempt                                 int64         // or its attempt
+	since                                        time.Time     // the start of a window of time
+	width                                        time.Duration // of one bucket of it
 	bucket, bucketEnd                            time.Time
 	audit                                        auditParams
 }
@@ -122,6 +124,10 @@ func (s *Store) arg(a Arg, p *params) any {
 		return s.timeArg(p.afterTime)
 	case ArgAfterAttempt:
 		return p.afterAttempt
+	case ArgSince:
+		return s.timeArg(p.since)
+	case ArgWidth:
+		return int64(p.width / time.Microsecond)
 	case ArgAuditID:
 		return p.audit.id
 	case ArgActor:
@@ -168,6 +174,7 @@ type queries struct {
 
 	listRecords, selectKeys, countByOperation, oldestPending, oldestExpiredLease stmt
 	listRecordsBy                                                                map[ListOrder]stmt
+	countByUpdated                                                               stmt
 	countPurgeable, oldestCreated, selectForUpdate, resolve, forget              stmt
 	insertAudit, updateAuditCount, listAudit                                     stmt
 }
@@ -221,6 +228,7 @@ func loadQueries(q Queries) (queries, error) {
 	}
 	get(&out.selectKeys, "SelectKeys", q.SelectKeys())
 	get(&out.countByOperation, "CountByOperation", q.CountByOperation())
+	get(&out.countByUpdated, "CountByUpdated", q.CountByUpdated())
 	get(&out.oldestPending, "OldestPending", q.OldestPending())
 	get(&out.oldestExpiredLease, "OldestExpiredLease", q.OldestExpiredLease())
 	get(&out.countPurgeable, "CountPurgeable", q.CountPurgeable())

@@ -197,6 +197,10 @@ const (
 	ArgAfterSet
 	ArgAfterTime
 	ArgAfterAttempt
+	// ArgSince is the start of a window of time (with ArgBefore its end),
+	// and ArgWidth the width of one of its buckets, in microseconds.
+	ArgSince
+	ArgWidth
 	argEnd
 )
 
@@ -205,7 +209,7 @@ var argNames = [...]string{"", "scope", "operation", "key", "payload_hash", "sta
 	"created_at", "updated_at", "expires_at", "now", "before", "limit", "version", "name", "lock_name",
 	"by_scope", "after_scope", "after_operation", "after_key", "audit_id", "actor", "reason", "action",
 	"status_before", "attempt_before", "status_after", "before_json", "affected", "bucket", "bucket_end",
-	"after_set", "after_time", "after_attempt"}
+	"after_set", "after_time", "after_attempt", "since", "width"}
 
 func (a Arg) String() string {
 	if a > 0 && a < argEnd {
@@ -334,6 +338,13 @@ type Queries interface {
 	// CountByOperation counts the records by operation and status.
 	// Columns: operation, status, count.
 	CountByOperation() Query
+	// CountByUpdated counts the records last updated at or after ArgSince
+	// and before ArgBefore, by status and bucket: floor((updated_at -
+	// ArgSince) / ArgWidth), ArgWidth in microseconds, an integer from 0.
+	// It may read the whole table (updated_at has no index of its own).
+	// Columns: status, bucket, count. Args: those (ArgSince as often as
+	// the SQL needs it).
+	CountByUpdated() Query
 	// OldestPending returns the least recently created pending record (no
 	// row when none).
 	OldestPending() Query

@@ -836,6 +836,78 @@ func runOperator(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("Activity", func(t *testing.T) {
+		t.Parallel()
+		clk := newFixedClock()
+		b := setupWith(t, h, onClock(clk))
+		t0 := usec(clk.Now())
+		since := t0.Add(time.Minute)
+		// Records changed at the edges of the buckets and inside them: at
+		// t0 (before the window), at since (its first instant), a
+		// microsecond before a bucket ends, at the start of the next, at the
+		// window's end (after it), and past it.
+		steps := []time.Duration{0, time.Minute, time.Hour + time.Minute - time.Microsecond, time.Microsecond,
+			10 * time.Minute, 40 * time.Minute, 59 * time.Minute, time.Hour + time.Minute, time.Minute}
+		var ids []inbox.ID
+		for i, d := range steps {
+			clk.Advance(d)
+			id := inbox.ID{Operation: "op", Key: fmt.Sprintf("k%02d", i)}
+			ids = append(ids, id)
+			switch i % 4 {
+			case 0:
+				_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id, PayloadHash: hash("x")})
+				require.NoError(t, err)
+			case 1:
+				_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id, PayloadHash: hash("x"), Status: inbox.StatusFailed})
+				require.NoError(t, err)
+			case 2:
+				b.pending(t, id, 0)
+			case 3:
+				b.reserve(t, id, "w1", time.Hour, 0)
+			}
+		}
+		var recs []*inbox.Record
+		for _, id := range ids {
+			recs = append(recs, b.get(t, id))
+		}
+		for _, p := range []inbox.ActivityParams{
+			{Since: since, Width: time.Hour, Buckets: 3},
+			{Since: since, Width: 7*time.Minute + 3*time.Second, Buckets: 30},
+			{Since: since.Add(-time.Hour), Width: 24 * time.Hour, Buckets: 1},
+			{Since: t0, Width: time.Microsecond, Buckets: 1000},
+		} {
+			got, err := b.store.Activity(b.ctx, p)
+			require.NoError(t, err)
+			require.Len(t, got, p.Buckets)
+			want := make([]map[inbox.Status]int64, p.Buckets)
+			for i := range want {
+				want[i] = map[inbox.Status]int64{}
+				require.Equal(t, p.Since.Add(time.Duration(i)*p.Width), got[i].Start, "bucket %d starts", i)
+				require.Equal(t, got[i].Start.Add(p.Width), got[i].End, "bucket %d ends", i)
+			}
+			for _, r := range recs {
+				off := r.UpdatedAt.Sub(p.Since)
+				if off < 0 || off >= time.Duration(p.Buckets)*p.Width {
+					continue
+				}
+				want[off/p.Width][r.Status]++
+			}
+			for i := range want {
+				require.Equal(t, want[i], got[i].Counts, "%+v: bucket %d", p, i)
+			}
+		}
+		for name, p := range map[string]inbox.ActivityParams{
+			"no since":       {Width: time.Hour, Buckets: 1},
+			"no width":       {Since: since, Buckets: 1},
+			"no buckets":     {Since: since, Width: time.Hour},
+			"too many":       {Since: since, Width: time.Hour, Buckets: inbox.MaxActivityBuckets + 1},
+			"negative width": {Since: since, Width: -time.Hour, Buckets: 1},
+		} {
+			_, err := b.store.Activity(b.ctx, p)
+			require.ErrorIs(t, err, inbox.ErrInvalidParams, name)
+		}
+	})
+
 	t.Run("OldestCreated", func(t *testing.T) {
 		t.Parallel()
 		clk := newFixedClock()

@@ -303,6 +303,17 @@ func (q queries) CountByOperation() inbox.Query {
 	return q.q(`SELECT operation, status, count(*) FROM "{{table}}" GROUP BY operation, status`)
 }
 
+func (q queries) CountByUpdated() inbox.Query {
+	// The bucket is computed in a subquery: grouped by its output name
+	// in one statement, PostgreSQL 15 refused the statement on the
+	// partitioned table (42803, updated_at must appear in the GROUP BY).
+	return q.q(`SELECT status, bucket, count(*) FROM (
+	SELECT status, floor(extract(epoch FROM updated_at - $1::timestamptz) * 1000000 / $2::bigint)::bigint AS bucket
+	FROM "{{table}}" WHERE updated_at >= $1::timestamptz AND updated_at < $3::timestamptz
+) AS window_rows GROUP BY status, bucket`,
+		inbox.ArgSince, inbox.ArgWidth, inbox.ArgBefore)
+}
+
 func (q queries) OldestPending() inbox.Query {
 	return q.q(`SELECT ` + cols + ` FROM "{{table}}" WHERE status = 'pending' ORDER BY created_at LIMIT 1`)
 }

@@ -283,6 +283,14 @@ func (q queries) CountByOperation() inbox.Query {
 	return q.q(`SELECT operation, status, COUNT(*) FROM "{{table}}" GROUP BY operation, status`)
 }
 
+func (q queries) CountByUpdated() inbox.Query {
+	// Times are integer microseconds: the division is an integer's, which
+	// is the floor for the window's non-negative offsets.
+	return q.q(`SELECT status, (updated_at - ?) / ? AS bucket, COUNT(*) FROM "{{table}}"
+WHERE updated_at >= ? AND updated_at < ? GROUP BY status, bucket`,
+		inbox.ArgSince, inbox.ArgWidth, inbox.ArgSince, inbox.ArgBefore)
+}
+
 func (q queries) OldestPending() inbox.Query {
 	return q.q(`SELECT ` + cols + ` FROM "{{table}}" WHERE status = 'pending' ORDER BY created_at LIMIT 1`)
 }

@@ -718,3 +718,69 @@ func TestListSort(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, c.get(next).status)
 	})
 }
+
+// TestOverviewActivity: the overview charts the records' outcomes over
+// time — completed, failed and pending, by when they last changed — as an
+// SVG the server renders, in hourly bars over a day or six-hour bars over
+// a week, under the same strict Content-Security-Policy: no script, no
+// inline style.
+func TestOverviewActivity(t *testing.T) {
+	eachKind(t, func(t *testing.T, kind testdb.Kind) {
+		b := setup(t, kind, console.Config{})
+		c := b.client(t)
+		barRe := regexp.MustCompile(`<g class="bar" data-start="([^"]+)" data-completed="(\d+)" data-failed="(\d+)" data-pending="(\d+)">`)
+		all, err := b.store.List(context.Background(), inbox.Filter{Limit: 1000})
+		require.NoError(t, err)
+		for window, w := range map[string]struct {
+			width time.Duration
+			n     int
+		}{"": {time.Hour, 24}, "24h": {time.Hour, 24}, "7d": {6 * time.Hour, 28}} {
+			path := "/"
+			if window != "" {
+				path += "?window=" + window
+			}
+			r := c.get(path)
+			require.Equal(t, http.StatusOK, r.status, r.body)
+			assert.Contains(t, r.body, `id="activity"`)
+			assert.NotContains(t, r.body, "<script")
+			assert.NotContains(t, r.body, " style=")
+			csp := r.header.Get("Content-Security-Policy")
+			assert.Equal(t, "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'", csp)
+			bars := barRe.FindAllStringSubmatch(r.body, -1)
+			require.Len(t, bars, w.n, window)
+			// The buckets end with the one that holds now, and each
+			// record counts in the bucket of its last change.
+			now := b.store.Now()
+			start := now.Truncate(w.width).Add(w.width - time.Duration(w.n)*w.width)
+			want := make([][3]int, w.n)
+			for _, rec := range all.Records {
+				i := int(rec.UpdatedAt.Sub(start) / w.width)
+				if rec.UpdatedAt.Before(start) || i >= w.n {
+					continue
+				}
+				switch rec.Status {
+				case inbox.StatusCompleted:
+					want[i][0]++
+				case inbox.StatusFailed:
+					want[i][1]++
+				case inbox.StatusPending:
+					want[i][2]++
+				}
+			}
+			for i, bar := range bars {
+				at, err := time.Parse(time.RFC3339, bar[1])
+				require.NoError(t, err)
+				assert.Equal(t, start.Add(time.Duration(i)*w.width).UTC(), at, "bar %d starts", i)
+				got := [3]int{}
+				for j := range got {
+					_, err := fmt.Sscan(bar[2+j], &got[j])
+					require.NoError(t, err)
+				}
+				assert.Equal(t, want[i], got, "%s bar %d (%s)", window, i, bar[1])
+			}
+		}
+		r := c.get("/?window=1y")
+		assert.Equal(t, http.StatusBadRequest, r.status)
+		assert.Contains(t, r.body, "window")
+	})
+}

@@ -59,6 +59,7 @@ type opCell struct {
 }
 
 type overviewView struct {
+	Activity  activityChart
 	Overview  inbox.Overview
 	Bars      []statusBar
 	ChartH    int
@@ -76,7 +77,13 @@ const (
 )
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	if _, ok := h.query(w, r); !ok {
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
+	win, ok := activityWindows[q.Get("window")]
+	if !ok {
+		h.badInput(w, r, fmt.Sprintf("The window %q is not 24h or 7d.", q.Get("window")))
 		return
 	}
 	ctx, cancel := h.ctx(r)
@@ -87,6 +94,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := overviewView{Overview: ov, Statuses: statuses, ChartH: chartRowH * len(statuses)}
+	v.Activity = h.activity(ctx, win, ov.Now)
 	byStatus := map[inbox.Status]int64{}
 	var max int64
 	var rows []opRow
