@@ -45,7 +45,7 @@ func TestHostileQueries(t *testing.T) {
 			"/records/" + b.seed.pending.Digest(): {"operation"},
 			"/audit":                              {"action", "scope", "operation", "key", "after", "done"},
 			"/login":                              {"next"},
-			"/":                                   {"x"},
+			"/":                                   {"x", "window"},
 		}
 		for path, params := range pages {
 			for _, param := range params {
