@@ -31,7 +31,7 @@ type activityWindow struct {
 var activityWindows = map[string]activityWindow{
 	"":    {Name: "24h", Label: "last 24 hours, by hour", Width: time.Hour, Buckets: 24, TickEvery: 6, TickFormat: "15:04"},
 	"24h": {Name: "24h", Label: "last 24 hours, by hour", Width: time.Hour, Buckets: 24, TickEvery: 6, TickFormat: "15:04"},
-	"7d":  {Name: "7d", Label: "last 7 days, by 6 hours", Width: 6 * time.Hour, Buckets: 28, TickEvery: 4, TickFormat: "Mon 02"},
+	"7d":  {Name: "7d", Label: "last 7 days, by 6 hours", Width: 6 * time.Hour, Buckets: 28, TickEvery: 4, TickFormat: "Mon 15h"},
 }
 
 // The chart's geometry, in SVG units. The SVG stretches to the panel's

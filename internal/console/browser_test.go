@@ -478,6 +478,7 @@ func TestBrowserPhone(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`.login button[type=submit]`)))
 	require.NoError(t, err)
 	check("overview", "/", http.StatusOK)
+	check("overview-week", "/?window=7d", http.StatusOK)
 	screenshot(t, step("overview shot"), "console-phone-overview.png")
 	check("records", "/records", http.StatusOK)
 	check("records-filtered", "/records?status=pending&operation=charge_card", http.StatusOK)
