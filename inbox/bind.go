@@ -22,7 +22,12 @@ type params struct {
 	version                                      int
 	name, lockName                               string
 	byScope                                      bool
-	after                                        ID // keyset scans continue after this key
+	after                                        ID            // keyset scans continue after this key
+	afterSet                                     bool          // an ordered listing continues after a row
+	afterTime                                    time.Time     // and this is the row's order column, a time
+	afterAttempt                                 int64         // or its attempt
+	since                                        time.Time     // the start of a window of time
+	width                                        time.Duration // of one bucket of it
 	bucket, bucketEnd                            time.Time
 	audit                                        auditParams
 }
@@ -110,6 +115,19 @@ func (s *Store) arg(a Arg, p *params) any {
 		return p.after.Operation
 	case ArgAfterKey:
 		return p.after.Key
+	case ArgAfterSet:
+		if p.afterSet {
+			return 1
+		}
+		return 0
+	case ArgAfterTime:
+		return s.timeArg(p.afterTime)
+	case ArgAfterAttempt:
+		return p.afterAttempt
+	case ArgSince:
+		return s.timeArg(p.since)
+	case ArgWidth:
+		return int64(p.width / time.Microsecond)
 	case ArgAuditID:
 		return p.audit.id
 	case ArgActor:
@@ -155,6 +173,8 @@ type queries struct {
 	resultLimit                                                            stmt
 
 	listRecords, selectKeys, countByOperation, oldestPending, oldestExpiredLease stmt
+	listRecordsBy                                                                map[ListOrder]stmt
+	countByUpdated                                                               stmt
 	countPurgeable, oldestCreated, selectForUpdate, resolve, forget              stmt
 	insertAudit, updateAuditCount, listAudit                                     stmt
 
@@ -209,8 +229,15 @@ func loadQueries(q Queries) (queries, error) {
 	get(&out.lockMigrations, "LockMigrations", q.LockMigrations())
 	get(&out.unlockMigrations, "UnlockMigrations", q.UnlockMigrations())
 	get(&out.listRecords, "ListRecords", q.ListRecords())
+	out.listRecordsBy = map[ListOrder]stmt{}
+	for _, o := range ListOrders() {
+		var st stmt
+		get(&st, "ListRecordsBy("+o.String()+")", q.ListRecordsBy(o))
+		out.listRecordsBy[o] = st
+	}
 	get(&out.selectKeys, "SelectKeys", q.SelectKeys())
 	get(&out.countByOperation, "CountByOperation", q.CountByOperation())
+	get(&out.countByUpdated, "CountByUpdated", q.CountByUpdated())
 	get(&out.oldestPending, "OldestPending", q.OldestPending())
 	get(&out.oldestExpiredLease, "OldestExpiredLease", q.OldestExpiredLease())
 	get(&out.countPurgeable, "CountPurgeable", q.CountPurgeable())

@@ -189,6 +189,18 @@ const (
 	// (see [Partitioning]), and ArgBucketEnd the end of a partition's.
 	ArgBucket
 	ArgBucketEnd
+	// ArgAfterSet is 1 when an ordered listing (Queries.ListRecordsBy)
+	// continues after a row, 0 when it starts at the beginning. The row is
+	// ArgAfterTime or ArgAfterAttempt — its order column's value, a time
+	// or the attempt; NULL and 0 at the beginning — then ArgAfterScope,
+	// ArgAfterOperation and ArgAfterKey.
+	ArgAfterSet
+	ArgAfterTime
+	ArgAfterAttempt
+	// ArgSince is the start of a window of time (with ArgBefore its end),
+	// and ArgWidth the width of one of its buckets, in microseconds.
+	ArgSince
+	ArgWidth
 	argEnd
 )
 
@@ -196,7 +208,8 @@ var argNames = [...]string{"", "scope", "operation", "key", "payload_hash", "sta
 	"lease_owner", "lease_until", "result", "resource_id", "correlation_id", "external_ref", "error",
 	"created_at", "updated_at", "expires_at", "now", "before", "limit", "version", "name", "lock_name",
 	"by_scope", "after_scope", "after_operation", "after_key", "audit_id", "actor", "reason", "action",
-	"status_before", "attempt_before", "status_after", "before_json", "affected", "bucket", "bucket_end"}
+	"status_before", "attempt_before", "status_after", "before_json", "affected", "bucket", "bucket_end",
+	"after_set", "after_time", "after_attempt", "since", "width"}
 
 func (a Arg) String() string {
 	if a > 0 && a < argEnd {
@@ -321,6 +334,16 @@ type Queries interface {
 	// when ArgByScope is 1, created before ArgBefore (NULL for any time)
 	// and whose attempt is above ArgAttempt. Args: those, and limit.
 	ListRecords() Query
+	// ListRecordsBy lists records as ListRecords does, with the same
+	// filters and their args, in order o — one of [ListOrders] — and then
+	// by primary key, every column descending when o.Desc: "ORDER BY
+	// created_at DESC, scope DESC, operation DESC, key DESC". When
+	// ArgAfterSet is 1 it continues after the row (o's column, scope,
+	// operation, key) = (ArgAfterTime or ArgAfterAttempt, ArgAfterScope,
+	// ArgAfterOperation, ArgAfterKey): greater than it, or less with
+	// o.Desc. Args: those, the filters' as ListRecords binds them, and
+	// limit.
+	ListRecordsBy(o ListOrder) Query
 	// SelectKeys lists the primary keys (scope, operation, key columns)
 	// after the key ArgAfterScope, ArgAfterOperation, ArgAfterKey, in
 	// primary-key order, of operation ArgOperation ("" for any). Args:
@@ -329,6 +352,13 @@ type Queries interface {
 	// CountByOperation counts the records by operation and status.
 	// Columns: operation, status, count.
 	CountByOperation() Query
+	// CountByUpdated counts the records last updated at or after ArgSince
+	// and before ArgBefore, by status and bucket: floor((updated_at -
+	// ArgSince) / ArgWidth), ArgWidth in microseconds, an integer from 0.
+	// It may read the whole table (updated_at has no index of its own).
+	// Columns: status, bucket, count. Args: those (ArgSince as often as
+	// the SQL needs it).
+	CountByUpdated() Query
 	// OldestPending returns the least recently created pending record (no
 	// row when none).
 	OldestPending() Query

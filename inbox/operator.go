@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -51,6 +52,10 @@ type Filter struct {
 	// AttemptAbove keeps only records whose attempt is greater: 1 finds
 	// the records that were taken over at least once. 0 keeps any.
 	AttemptAbove int64
+	// Order is the order of the records: the primary key's (the zero
+	// value), or one of [ListOrders]. A cursor (After) belongs to the
+	// order it was read in.
+	Order ListOrder
 	// After is the cursor of the page to read: the previous page's
 	// Page.Next. "" reads the first page.
 	After string
@@ -59,9 +64,74 @@ type Filter struct {
 	Limit int
 }
 
+// OrderColumn is a column [Store.List] can order records by.
+type OrderColumn string
+
+// The columns a listing can be ordered by.
+const (
+	// OrderByKey is the primary key: scope, operation, key. The default.
+	OrderByKey OrderColumn = ""
+	// OrderByCreated is when the record was first claimed.
+	OrderByCreated OrderColumn = "created_at"
+	// OrderByUpdated is the record's last change.
+	OrderByUpdated OrderColumn = "updated_at"
+	// OrderByAttempt is the record's attempt: how often it was taken over,
+	// plus one.
+	OrderByAttempt OrderColumn = "attempt"
+)
+
+// ListOrder is the order of a listing: by Column, smallest (oldest)
+// first, or largest (newest) first with Desc. Records that tie on Column
+// follow in primary-key order (reversed with Desc), which keeps keyset
+// paging exact: a page continues after the last row of the one before.
+// The zero value is the primary key's order, which has no Desc.
+type ListOrder struct {
+	Column OrderColumn
+	Desc   bool
+}
+
+// ListOrders returns the orders besides the primary key's that
+// [Store.List] reads records in, and that a dialect's
+// [Queries.ListRecordsBy] must support: every OrderColumn but the key,
+// each way.
+func ListOrders() []ListOrder {
+	var out []ListOrder
+	for _, c := range []OrderColumn{OrderByCreated, OrderByUpdated, OrderByAttempt} {
+		out = append(out, ListOrder{Column: c}, ListOrder{Column: c, Desc: true})
+	}
+	return out
+}
+
+// String names the order as a sort parameter does: the column, with a
+// leading "-" when Desc; "key" for the primary key's.
+func (o ListOrder) String() string {
+	name := string(o.Column)
+	if o.Column == OrderByKey {
+		name = "key"
+	}
+	if o.Desc {
+		return "-" + name
+	}
+	return name
+}
+
+// valid reports whether o is the key's order or one of ListOrders.
+func (o ListOrder) valid() bool {
+	if o == (ListOrder{}) {
+		return true
+	}
+	for _, l := range ListOrders() {
+		if o == l {
+			return true
+		}
+	}
+	return false
+}
+
 // Page is one page of [Store.List].
 type Page struct {
-	// Records are in primary-key order: scope, operation, key.
+	// Records are in the filter's order: primary-key order (scope,
+	// operation, key) unless Filter.Order says otherwise.
 	Records []*Record
 	// Next is the cursor of the next page (Filter.After); "" when there
 	// are no more records.
@@ -69,11 +139,15 @@ type Page struct {
 }
 
 // List returns the records f selects, one page at a time in primary-key
-// order (scope, operation, key), Result loaded. Pages are keyset-paged: a
-// record inserted or deleted while an operator pages does not shift the
-// others, and each page costs an index range scan — plus, with filters
-// other than the scope, the records it skips. Invalid filters are
-// refused with [ErrInvalidParams].
+// order (scope, operation, key) or f.Order, Result loaded. Pages are
+// keyset-paged: a record inserted or deleted while an operator pages does
+// not shift the others. In primary-key order each page costs an index
+// range scan — plus, with filters other than the scope, the records it
+// skips; in any other order (no index covers it) each page reads and sorts
+// every record the filters select, a cost that grows with the table,
+// meant for an operator's screen. A record whose order column changes
+// while an operator pages may show twice or not at all. Invalid filters
+// are refused with [ErrInvalidParams].
 func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	limit, err := pageLimit(f.Limit)
 	var errs []error
@@ -95,9 +169,21 @@ func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	if f.AttemptAbove < 0 {
 		errs = append(errs, fmt.Errorf("AttemptAbove %d is negative", f.AttemptAbove))
 	}
-	after, err := decodeCursor(f.After)
-	if err != nil {
-		errs = append(errs, err)
+	if !f.Order.valid() {
+		errs = append(errs, fmt.Errorf("order %s is not the key's or one of %v", f.Order, ListOrders()))
+	}
+	var (
+		after ID
+		at    sortValue
+		err2  error
+	)
+	if f.Order == (ListOrder{}) {
+		after, err2 = decodeCursor(f.After)
+	} else {
+		at, after, err2 = decodeOrderedCursor(f.After, f.Order)
+	}
+	if err2 != nil {
+		errs = append(errs, err2)
 	}
 	if err := invalidParams("list", errs); err != nil {
 		return Page{}, err
@@ -110,16 +196,79 @@ func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	if f.OlderThan > 0 {
 		p.before = s.now().Add(-f.OlderThan)
 	}
-	recs, err := s.list(ctx, "list", s.q.listRecords, p)
+	st := s.q.listRecords
+	if f.Order != (ListOrder{}) {
+		st = s.q.listRecordsBy[f.Order]
+		p.afterSet, p.afterTime, p.afterAttempt = f.After != "", at.time, at.attempt
+	}
+	recs, err := s.list(ctx, "list", st, p)
 	if err != nil {
 		return Page{}, err
 	}
 	page := Page{Records: recs}
 	if len(recs) > limit {
 		page.Records = recs[:limit]
-		page.Next = encodeCursor(recs[limit-1].ID)
+		last := recs[limit-1]
+		if f.Order == (ListOrder{}) {
+			page.Next = encodeCursor(last.ID)
+		} else {
+			page.Next = encodeOrderedCursor(f.Order, last)
+		}
 	}
 	return page, nil
+}
+
+// sortValue is the order column's value of the row a page continues
+// after: a time, or the attempt.
+type sortValue struct {
+	time    time.Time
+	attempt int64
+}
+
+// An ordered cursor is the order, the last row's order column (Unix
+// microseconds or the attempt) and its key, joined by NUL bytes and
+// base64url-encoded; it has five parts where a key cursor has three.
+func encodeOrderedCursor(o ListOrder, r *Record) string {
+	var v int64
+	switch o.Column {
+	case OrderByCreated:
+		v = r.CreatedAt.UnixMicro()
+	case OrderByUpdated:
+		v = r.UpdatedAt.UnixMicro()
+	case OrderByAttempt:
+		v = r.Attempt
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(o.String() + "\x00" + strconv.FormatInt(v, 10) + "\x00" +
+		r.Scope + "\x00" + r.Operation + "\x00" + r.Key))
+}
+
+func decodeOrderedCursor(c string, o ListOrder) (sortValue, ID, error) {
+	if c == "" {
+		return sortValue{}, ID{}, nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	parts := strings.Split(string(raw), "\x00")
+	if err != nil || len(parts) != 5 {
+		return sortValue{}, ID{}, errors.New("the cursor is not one a listing in this order returned")
+	}
+	if parts[0] != o.String() {
+		return sortValue{}, ID{}, fmt.Errorf("the cursor belongs to order %q, not %s", parts[0], o)
+	}
+	v, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return sortValue{}, ID{}, errors.New("the cursor is not one a listing in this order returned")
+	}
+	id := ID{Scope: parts[2], Operation: parts[3], Key: parts[4]}
+	if err := id.Validate(); err != nil {
+		return sortValue{}, ID{}, fmt.Errorf("the cursor is not one a listing returned: %w", err)
+	}
+	var at sortValue
+	if o.Column == OrderByAttempt {
+		at.attempt = v
+	} else {
+		at.time = time.UnixMicro(v).UTC()
+	}
+	return at, id, nil
 }
 
 // pageLimit applies a listing's default and maximum.
@@ -245,6 +394,78 @@ func (s *Store) Overview(ctx context.Context) (Overview, error) {
 		return fail(s.Classify(err))
 	}
 	return o, nil
+}
+
+// MaxActivityBuckets is the most buckets [Store.Activity] counts at once.
+const MaxActivityBuckets = 1000
+
+// ActivityParams are the window [Store.Activity] counts: Buckets buckets
+// of Width each, the first starting at Since.
+type ActivityParams struct {
+	Since   time.Time
+	Width   time.Duration // at least a microsecond, the databases' precision
+	Buckets int           // 1 to MaxActivityBuckets
+}
+
+// ActivityBucket counts the records whose last change fell in [Start,
+// End), by their status now.
+type ActivityBucket struct {
+	Start, End time.Time
+	Counts     map[Status]int64
+}
+
+// Activity counts the records by status and by when they last changed
+// (updated_at), in the buckets p describes: what a dashboard charts as
+// outcomes over time. A finished record counts where it finished (or was
+// last resolved), a pending one where it was left pending, a processing
+// one at its last claim or heartbeat. Records purged or forgotten are not
+// counted: it describes the table as it is, not a history. The statement
+// reads every record of the window (updated_at has no index of its own;
+// MySQL's status index covers it), a cost for an operator's screen, not
+// for a tight loop. Invalid params are [ErrInvalidParams].
+func (s *Store) Activity(ctx context.Context, p ActivityParams) ([]ActivityBucket, error) {
+	var errs []error
+	if p.Since.IsZero() {
+		errs = append(errs, errors.New("since is the zero time"))
+	}
+	if p.Width < time.Microsecond {
+		errs = append(errs, fmt.Errorf("width %v is less than a microsecond", p.Width))
+	}
+	if p.Buckets < 1 || p.Buckets > MaxActivityBuckets {
+		errs = append(errs, fmt.Errorf("buckets %d is not between 1 and %d", p.Buckets, MaxActivityBuckets))
+	}
+	if err := invalidParams("activity", errs); err != nil {
+		return nil, err
+	}
+	width := p.Width.Truncate(time.Microsecond)
+	since := dbTime(p.Since)
+	out := make([]ActivityBucket, p.Buckets)
+	for i := range out {
+		out[i] = ActivityBucket{Start: since.Add(time.Duration(i) * width), End: since.Add(time.Duration(i+1) * width),
+			Counts: map[Status]int64{}}
+	}
+	rows, err := s.query(ctx, s.db, s.q.countByUpdated, &params{since: since, width: width, before: out[len(out)-1].End})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: activity: %w", s.Classify(err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			status string
+			bucket int64
+			n      int64
+		)
+		if err := rows.Scan(&status, &bucket, &n); err != nil {
+			return nil, fmt.Errorf("inbox: activity: %w", err)
+		}
+		if bucket >= 0 && bucket < int64(len(out)) { // the window's bounds say it is; a dialect's rounding might not
+			out[bucket].Counts[Status(status)] += n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: activity: %w", s.Classify(err))
+	}
+	return out, nil
 }
 
 // OldestCreated returns when the oldest record of operation was created

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -24,7 +27,8 @@ func (a *app) listCmd() *cobra.Command {
 		Long: `list shows the records the filters select, in primary-key order (scope,
 operation, key), a page at a time: the cursor of the next page is printed
 after the table (on standard error) and given back with --after; --all reads
-every page. Keys are shown as they are (quoted when they hold characters a
+every page, writing each as it is read (so it holds one page in memory,
+and a table's columns line up page by page). Keys are shown as they are (quoted when they hold characters a
 terminal would interpret).`,
 		Example: `  inboxmill list --status pending --older-than 1h
   inboxmill list --operation charge_card --attempt-above 3 -o json
@@ -60,7 +64,12 @@ terminal would interpret).`,
 				return err
 			}
 			defer i.Close()
-			var recs []*inbox.Record
+			// Each page is written as it is read, so that --all holds one
+			// page in memory, however large the table.
+			var w listWriter = &tableList{a: a}
+			if output == "json" {
+				w = &jsonList{w: a.stdout}
+			}
 			next := f.After
 			for {
 				f.After = next
@@ -72,28 +81,15 @@ terminal would interpret).`,
 				if err != nil {
 					return err
 				}
-				recs = append(recs, page.Records...)
+				if err := w.page(page.Records, i.store.Now()); err != nil {
+					return err
+				}
 				next = page.Next
 				if !all || next == "" {
 					break
 				}
 			}
-			now := i.store.Now()
-			if output == "json" {
-				out := struct {
-					Records []recordJSON `json:"records"`
-					Next    string       `json:"next"`
-				}{Records: []recordJSON{}, Next: next}
-				for _, r := range recs {
-					out.Records = append(out.Records, toJSON(r, now))
-				}
-				return writeJSON(a.stdout, out)
-			}
-			a.printList(recs, now)
-			if next != "" {
-				fmt.Fprintf(a.stderr, "more records: add --after %s for the next page (or --all)\n", next)
-			}
-			return nil
+			return w.end(next)
 		},
 	}
 	fl := cmd.Flags()
@@ -109,19 +105,98 @@ terminal would interpret).`,
 	return cmd
 }
 
-func (a *app) printList(recs []*inbox.Record, now time.Time) {
+// listWriter writes a listing page by page.
+type listWriter interface {
+	// page writes records, the next page of the listing, with their ages
+	// at now.
+	page(records []*inbox.Record, now time.Time) error
+	// end finishes the listing; next is the cursor of the page after the
+	// last one written ("" when there is none).
+	end(next string) error
+}
+
+// tableList writes a listing as a table for people: one header, each
+// page's rows aligned among themselves, and the count at the end.
+type tableList struct {
+	a *app
+	n int
+}
+
+func (l *tableList) page(recs []*inbox.Record, now time.Time) error {
 	if len(recs) == 0 {
-		fmt.Fprintln(a.stdout, "no records")
-		return
+		return nil
 	}
-	tw := newTable(a.stdout)
-	fmt.Fprintln(tw, "SCOPE\tOPERATION\tKEY\tDIGEST\tSTATUS\tATTEMPT\tAGE\tUPDATED\tLEASE")
+	tw := newTable(l.a.stdout)
+	if l.n == 0 {
+		fmt.Fprintln(tw, "SCOPE\tOPERATION\tKEY\tDIGEST\tSTATUS\tATTEMPT\tAGE\tUPDATED\tLEASE")
+	}
 	for _, r := range recs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s ago\t%s\n", text(r.Scope), text(r.Operation), text(r.Key),
 			r.Digest(), r.Status, r.Attempt, age(now, r.CreatedAt), age(now, r.UpdatedAt), leaseState(r, now))
 	}
-	_ = tw.Flush()
-	fmt.Fprintf(a.stdout, "%d record(s)\n", len(recs))
+	l.n += len(recs)
+	return tw.Flush()
+}
+
+func (l *tableList) end(next string) error {
+	if l.n == 0 {
+		_, err := fmt.Fprintln(l.a.stdout, "no records")
+		return err
+	}
+	fmt.Fprintf(l.a.stdout, "%d record(s)\n", l.n)
+	if next != "" {
+		fmt.Fprintf(l.a.stderr, "more records: add --after %s for the next page (or --all)\n", next)
+	}
+	return nil
+}
+
+// jsonList writes a listing as the JSON document writeJSON would write of
+// {"records": [...], "next": "..."}, one record at a time.
+type jsonList struct {
+	w io.Writer
+	n int
+}
+
+func (l *jsonList) page(recs []*inbox.Record, now time.Time) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	if l.n == 0 {
+		buf.WriteString("{\n  \"records\": [")
+	}
+	for _, r := range recs {
+		b, err := json.MarshalIndent(toJSON(r, now), "    ", "  ")
+		if err != nil {
+			return err
+		}
+		if l.n > 0 {
+			buf.WriteByte(',')
+		}
+		buf.WriteString("\n    ")
+		buf.Write(b)
+		l.n++
+	}
+	_, err := l.w.Write(buf.Bytes())
+	return err
+}
+
+func (l *jsonList) end(next string) error {
+	var buf bytes.Buffer
+	if l.n == 0 {
+		buf.WriteString("{\n  \"records\": [")
+	} else {
+		buf.WriteString("\n  ")
+	}
+	cursor, err := json.Marshal(next)
+	if err != nil {
+		return err
+	}
+	buf.WriteString("],\n  \"next\": ")
+	buf.Write(cursor)
+	buf.WriteString("\n}\n")
+	_, err = l.w.Write(buf.Bytes())
+	return err
 }
 
 // plural renders n and a noun.

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -294,5 +296,86 @@ func TestDecodeOutput(t *testing.T) {
 	for _, bad := range [][]byte{[]byte("{}"), b[:len(b)-1], append(append([]byte{}, b...), 0), append([]byte("IMR\x02"), b[4:]...)} {
 		_, err := decodeOutput(bad)
 		require.Error(t, err)
+	}
+}
+
+// firstWrite is a writer that runs hook once, before the first write
+// reaches the buffer.
+type firstWrite struct {
+	bytes.Buffer
+	hook func()
+	done bool
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	if !w.done {
+		w.done = true
+		w.hook()
+	}
+	return w.Buffer.Write(p)
+}
+
+// TestListAllStreams: `list --all` writes each page as it reads it, so
+// that its memory holds one page, not the table: a record added after its
+// first write, past the pages it had read, is in its output. (Reading
+// every page before writing, as it did, it was not.)
+func TestListAllStreams(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		const n = 250
+		for i := range n {
+			e.completed(t, id("bulk", fmt.Sprintf("k-%04d", i)))
+		}
+		for i, output := range []string{"table", "json"} {
+			late := id("bulk", "zz-late-"+output) // sorts after every other key
+			stdout := &firstWrite{hook: func() { e.completed(t, late) }}
+			var stderr bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			code := run(ctx, []string{"list", "--all", "--limit", "100", "-o", output, "--dsn", e.dsn, "--table", e.table},
+				strings.NewReader(""), stdout, &stderr)
+			cancel()
+			require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+			require.True(t, stdout.done)
+			require.True(t, strings.Contains(stdout.String(), late.Key), "%s: the record added after the first write is missing", output)
+			if output == "json" {
+				v := decode[listView](t, stdout.String())
+				require.Len(t, v.Records, n+1+i) // and the late records of the runs before
+				require.Empty(t, v.Next)
+			} else {
+				require.Equal(t, 1, strings.Count(stdout.String(), "SCOPE"), "one header")
+				require.True(t, strings.HasSuffix(stdout.String(), fmt.Sprintf("\n%d record(s)\n", n+1+i)), "the count")
+			}
+		}
+	})
+}
+
+// TestJSONList: the streamed listing is byte for byte the document
+// writeJSON writes of the whole listing, for any number of records and
+// pages.
+func TestJSONList(t *testing.T) {
+	now := time.Now()
+	var recs []*inbox.Record
+	for i := range 5 {
+		recs = append(recs, &inbox.Record{ID: inbox.ID{Scope: "s", Operation: "op", Key: fmt.Sprintf("<k&%d>", i)},
+			Status: inbox.StatusCompleted, Attempt: 1, CreatedAt: now, UpdatedAt: now})
+	}
+	for _, pages := range [][]int{{}, {0}, {1}, {5}, {2, 3}, {1, 0, 4}} {
+		var got bytes.Buffer
+		l := &jsonList{w: &got}
+		want := struct {
+			Records []recordJSON `json:"records"`
+			Next    string       `json:"next"`
+		}{Records: []recordJSON{}, Next: "cur"}
+		off := 0
+		for _, n := range pages {
+			require.NoError(t, l.page(recs[off:off+n], now))
+			for _, r := range recs[off : off+n] {
+				want.Records = append(want.Records, toJSON(r, now))
+			}
+			off += n
+		}
+		require.NoError(t, l.end("cur"))
+		var wantBuf bytes.Buffer
+		require.NoError(t, writeJSON(&wantBuf, want))
+		require.Equal(t, wantBuf.String(), got.String(), "pages %v", pages)
 	}
 }

@@ -30,9 +30,11 @@ forms that ask for a reason, the audit trail, Prometheus metrics at /metrics
 and a health check at /healthz.
 
 It binds to 127.0.0.1 unless told otherwise; any address beyond the loopback
-interface requires --token (or INBOXMILL_TOKEN) of at least 16 bytes, which
-every request but /healthz must then present (as a bearer token, or through
-the login page). Without a token the console answers only requests addressed
+interface requires --token (or INBOXMILL_TOKEN), which every request but
+/healthz must then present (as a bearer token, or through the login page).
+A token has at least 16 bytes, on the loopback interface too. Five wrong
+tokens in a row from one address lock it out for a minute (429), then for
+twice as long at each further one, up to 16 minutes. Without a token the console answers only requests addressed
 to 127.0.0.1, [::1] or localhost (and the names --allow-host adds), so that
 no other site's page can reach it through a rebound DNS name.
 --read-only hides the forms and refuses their requests. SIGINT or SIGTERM

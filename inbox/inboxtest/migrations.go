@@ -54,22 +54,28 @@ type NamedQuery struct {
 func AllQueries(q inbox.Queries) []NamedQuery {
 	v := reflect.ValueOf(q)
 	it := reflect.TypeFor[inbox.Queries]()
-	out := make([]NamedQuery, it.NumMethod())
-	for i := range out {
+	var out []NamedQuery
+	for i := range it.NumMethod() {
 		name := it.Method(i).Name
 		m := v.MethodByName(name)
-		if m.Type().NumIn() == 1 && m.Type().In(0).Kind() == reflect.String {
+		switch {
+		case m.Type().NumIn() == 1 && m.Type().In(0).Kind() == reflect.String:
 			// A statement on a named object: a savepoint.
-			out[i] = NamedQuery{Name: name, Query: m.Call([]reflect.Value{reflect.ValueOf(SampleSavepoint)})[0].Interface().(inbox.Query)}
-			continue
-		}
-		if m.Type().NumIn() == 1 {
+			out = append(out, NamedQuery{Name: name,
+				Query: m.Call([]reflect.Value{reflect.ValueOf(SampleSavepoint)})[0].Interface().(inbox.Query)})
+		case m.Type().NumIn() == 1 && m.Type().In(0) == reflect.TypeFor[inbox.ListOrder]():
+			// A statement per order.
+			for _, o := range inbox.ListOrders() {
+				q := m.Call([]reflect.Value{reflect.ValueOf(o)})[0].Interface().(inbox.Query)
+				out = append(out, NamedQuery{Name: name + "(" + o.String() + ")", Query: q})
+			}
+		case m.Type().NumIn() == 1:
 			// A statement over several records: built for two of them.
 			rq := m.Call([]reflect.Value{reflect.ValueOf(2)})[0].Interface().(inbox.RowsQuery)
-			out[i] = NamedQuery{Name: name, Query: rq.Query(2)}
-			continue
+			out = append(out, NamedQuery{Name: name, Query: rq.Query(2)})
+		default:
+			out = append(out, NamedQuery{Name: name, Query: m.Call(nil)[0].Interface().(inbox.Query)})
 		}
-		out[i] = NamedQuery{Name: name, Query: m.Call(nil)[0].Interface().(inbox.Query)}
 	}
 	return out
 }

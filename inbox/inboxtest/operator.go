@@ -715,6 +715,212 @@ func runOperator(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("ListOrders", func(t *testing.T) {
+		t.Parallel()
+		clk := newFixedClock()
+		b := setupWith(t, h, onClock(clk))
+		// Records created a minute apart, some at the same instant, some
+		// changed later (updated_at moves) and some taken over (attempt
+		// grows), across two scopes and two operations.
+		var ids []inbox.ID
+		for i := range 14 {
+			id := inbox.ID{Scope: []string{"", "t1"}[i%2], Operation: []string{"a", "b"}[i/2%2], Key: fmt.Sprintf("k%02d", 13-i)}
+			ids = append(ids, id)
+			switch i % 3 {
+			case 0:
+				_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id, PayloadHash: hash("x")})
+				require.NoError(t, err)
+			case 1:
+				b.pending(t, id, 0)
+			case 2:
+				l := b.reserve(t, id, "w1", time.Second, 0)
+				for range i % 4 {
+					require.NoError(t, l.Release(b.ctx, "again"))
+					rec := b.get(t, id)
+					lease, err := b.store.TakeOver(b.ctx, rec, inbox.TakeOverParams{Owner: "w2", Lease: time.Hour})
+					require.NoError(t, err)
+					l = lease
+				}
+			}
+			if i%4 != 3 { // every fourth shares the instant of the one after it
+				clk.Advance(time.Minute)
+			}
+		}
+		// Later changes: updated_at no longer follows created_at.
+		for _, id := range []inbox.ID{ids[1], ids[7], ids[4]} {
+			clk.Advance(time.Minute)
+			if rec := b.get(t, id); rec.Status == inbox.StatusPending {
+				_, _, err := b.store.Resolve(b.ctx, inbox.ResolveParams{ID: id, To: inbox.StatusCompleted, Actor: operator})
+				require.NoError(t, err)
+			} else {
+				_, err := b.store.Forget(b.ctx, inbox.ForgetParams{ID: id, Actor: operator})
+				require.NoError(t, err)
+				_, err = b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id, PayloadHash: hash("x")})
+				require.NoError(t, err)
+			}
+		}
+		var recs []*inbox.Record
+		for _, id := range ids {
+			recs = append(recs, b.get(t, id))
+		}
+		value := func(r *inbox.Record, c inbox.OrderColumn) int64 {
+			switch c {
+			case inbox.OrderByCreated:
+				return r.CreatedAt.UnixMicro()
+			case inbox.OrderByUpdated:
+				return r.UpdatedAt.UnixMicro()
+			}
+			return r.Attempt
+		}
+		keyLess := func(a, b inbox.ID) bool {
+			if a.Scope != b.Scope {
+				return a.Scope < b.Scope
+			}
+			if a.Operation != b.Operation {
+				return a.Operation < b.Operation
+			}
+			return a.Key < b.Key
+		}
+		for _, o := range inbox.ListOrders() {
+			for name, keep := range map[string]func(*inbox.Record) bool{
+				"all":     func(*inbox.Record) bool { return true },
+				"pending": func(r *inbox.Record) bool { return r.Status == inbox.StatusPending },
+				"scope":   func(r *inbox.Record) bool { return r.Scope == "t1" },
+			} {
+				var want []inbox.ID
+				sorted := append([]*inbox.Record(nil), recs...)
+				sort.SliceStable(sorted, func(i, j int) bool {
+					a, c := sorted[i], sorted[j]
+					if o.Desc {
+						a, c = c, a
+					}
+					if va, vc := value(a, o.Column), value(c, o.Column); va != vc {
+						return va < vc
+					}
+					return keyLess(a.ID, c.ID)
+				})
+				for _, r := range sorted {
+					if keep(r) {
+						want = append(want, r.ID)
+					}
+				}
+				for _, limit := range []int{1, 2, 5, 1000} {
+					f := inbox.Filter{Order: o, Limit: limit}
+					switch name {
+					case "pending":
+						f.Status = inbox.StatusPending
+					case "scope":
+						f.ByScope, f.Scope = true, "t1"
+					}
+					var got []inbox.ID
+					for pages := 0; ; pages++ {
+						require.Less(t, pages, 100)
+						page, err := b.store.List(b.ctx, f)
+						require.NoError(t, err, "%s %s", o, name)
+						for _, r := range page.Records {
+							got = append(got, r.ID)
+						}
+						if page.Next == "" {
+							break
+						}
+						require.Len(t, page.Records, limit, "only the last page is short")
+						f.After = page.Next
+					}
+					require.Equal(t, want, got, "order %s, %s, pages of %d", o, name, limit)
+				}
+			}
+		}
+
+		// A cursor belongs to its order.
+		byCreated, err := b.store.List(b.ctx, inbox.Filter{Order: inbox.ListOrder{Column: inbox.OrderByCreated}, Limit: 2})
+		require.NoError(t, err)
+		byKey, err := b.store.List(b.ctx, inbox.Filter{Limit: 2})
+		require.NoError(t, err)
+		for name, f := range map[string]inbox.Filter{
+			"a created cursor, descending": {Order: inbox.ListOrder{Column: inbox.OrderByCreated, Desc: true}, After: byCreated.Next},
+			"a created cursor, by key":     {After: byCreated.Next},
+			"a key cursor, by attempt":     {Order: inbox.ListOrder{Column: inbox.OrderByAttempt}, After: byKey.Next},
+			"an unknown column":            {Order: inbox.ListOrder{Column: "payload_hash"}},
+			"the key, descending":          {Order: inbox.ListOrder{Desc: true}},
+			"a garbage cursor":             {Order: inbox.ListOrder{Column: inbox.OrderByUpdated}, After: "!!"},
+		} {
+			_, err := b.store.List(b.ctx, f)
+			require.ErrorIs(t, err, inbox.ErrInvalidParams, name)
+		}
+	})
+
+	t.Run("Activity", func(t *testing.T) {
+		t.Parallel()
+		clk := newFixedClock()
+		b := setupWith(t, h, onClock(clk))
+		t0 := usec(clk.Now())
+		since := t0.Add(time.Minute)
+		// Records changed at the edges of the buckets and inside them: at
+		// t0 (before the window), at since (its first instant), a
+		// microsecond before a bucket ends, at the start of the next, at the
+		// window's end (after it), and past it.
+		steps := []time.Duration{0, time.Minute, time.Hour + time.Minute - time.Microsecond, time.Microsecond,
+			10 * time.Minute, 40 * time.Minute, 59 * time.Minute, time.Hour + time.Minute, time.Minute}
+		var ids []inbox.ID
+		for i, d := range steps {
+			clk.Advance(d)
+			id := inbox.ID{Operation: "op", Key: fmt.Sprintf("k%02d", i)}
+			ids = append(ids, id)
+			switch i % 4 {
+			case 0:
+				_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id, PayloadHash: hash("x")})
+				require.NoError(t, err)
+			case 1:
+				_, err := b.store.Claim(b.ctx, b.db, inbox.ClaimParams{ID: id, PayloadHash: hash("x"), Status: inbox.StatusFailed})
+				require.NoError(t, err)
+			case 2:
+				b.pending(t, id, 0)
+			case 3:
+				b.reserve(t, id, "w1", time.Hour, 0)
+			}
+		}
+		var recs []*inbox.Record
+		for _, id := range ids {
+			recs = append(recs, b.get(t, id))
+		}
+		for _, p := range []inbox.ActivityParams{
+			{Since: since, Width: time.Hour, Buckets: 3},
+			{Since: since, Width: 7*time.Minute + 3*time.Second, Buckets: 30},
+			{Since: since.Add(-time.Hour), Width: 24 * time.Hour, Buckets: 1},
+			{Since: t0, Width: time.Microsecond, Buckets: 1000},
+		} {
+			got, err := b.store.Activity(b.ctx, p)
+			require.NoError(t, err)
+			require.Len(t, got, p.Buckets)
+			want := make([]map[inbox.Status]int64, p.Buckets)
+			for i := range want {
+				want[i] = map[inbox.Status]int64{}
+				require.Equal(t, p.Since.Add(time.Duration(i)*p.Width), got[i].Start, "bucket %d starts", i)
+				require.Equal(t, got[i].Start.Add(p.Width), got[i].End, "bucket %d ends", i)
+			}
+			for _, r := range recs {
+				off := r.UpdatedAt.Sub(p.Since)
+				if off < 0 || off >= time.Duration(p.Buckets)*p.Width {
+					continue
+				}
+				want[off/p.Width][r.Status]++
+			}
+			for i := range want {
+				require.Equal(t, want[i], got[i].Counts, "%+v: bucket %d", p, i)
+			}
+		}
+		for name, p := range map[string]inbox.ActivityParams{
+			"no since":       {Width: time.Hour, Buckets: 1},
+			"no width":       {Since: since, Buckets: 1},
+			"no buckets":     {Since: since, Width: time.Hour},
+			"too many":       {Since: since, Width: time.Hour, Buckets: inbox.MaxActivityBuckets + 1},
+			"negative width": {Since: since, Width: -time.Hour, Buckets: 1},
+		} {
+			_, err := b.store.Activity(b.ctx, p)
+			require.ErrorIs(t, err, inbox.ErrInvalidParams, name)
+		}
+	})
+
 	t.Run("OldestCreated", func(t *testing.T) {
 		t.Parallel()
 		clk := newFixedClock()

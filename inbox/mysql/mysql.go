@@ -293,6 +293,27 @@ func (q queries) ListRecords() inbox.Query {
 			inbox.ArgLimit)...)
 }
 
+func (q queries) ListRecordsBy(o inbox.ListOrder) inbox.Query {
+	after, cmp, dir := inbox.ArgAfterTime, ">", ""
+	if o.Column == inbox.OrderByAttempt {
+		after = inbox.ArgAfterAttempt
+	}
+	if o.Desc {
+		cmp, dir = "<", " DESC"
+	}
+	col := string(o.Column)
+	// No index serves this order: the row-value comparison costs nothing
+	// that the sort does not already.
+	return q.q("SELECT "+cols+" FROM `{{table}}`\n"+
+		"WHERE (? = 0 OR ("+col+", scope, operation, `key`) "+cmp+" (?, CAST(? AS BINARY), CAST(? AS BINARY), CAST(? AS BINARY)))\n"+
+		"\tAND (? = '' OR status = ?) AND "+byOperation+" AND (? = 0 OR scope = CAST(? AS BINARY))\n"+
+		"\tAND (? IS NULL OR created_at < ?) AND attempt > ?\n"+
+		"ORDER BY "+col+dir+", scope"+dir+", operation"+dir+", `key`"+dir+" LIMIT ?",
+		inbox.ArgAfterSet, after, inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgStatus,
+		inbox.ArgStatus, inbox.ArgOperation, inbox.ArgOperation, inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore,
+		inbox.ArgBefore, inbox.ArgAttempt, inbox.ArgLimit)
+}
+
 func (q queries) SelectKeys() inbox.Query {
 	return q.q("SELECT scope, operation, `key` FROM `{{table}}`\n"+
 		"WHERE "+afterKey+" AND "+byOperation+"\n"+
@@ -302,6 +323,12 @@ func (q queries) SelectKeys() inbox.Query {
 
 func (q queries) CountByOperation() inbox.Query {
 	return q.q("SELECT operation, status, COUNT(*) FROM `{{table}}` GROUP BY operation, status")
+}
+
+func (q queries) CountByUpdated() inbox.Query {
+	return q.q("SELECT status, FLOOR(TIMESTAMPDIFF(MICROSECOND, ?, updated_at) / ?) AS bucket, COUNT(*) FROM `{{table}}`\n"+
+		"WHERE updated_at >= ? AND updated_at < ? GROUP BY status, bucket",
+		inbox.ArgSince, inbox.ArgWidth, inbox.ArgSince, inbox.ArgBefore)
 }
 
 func (q queries) OldestPending() inbox.Query {

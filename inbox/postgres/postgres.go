@@ -275,6 +275,34 @@ ORDER BY scope, operation, key LIMIT $10`,
 		inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore, inbox.ArgAttempt, inbox.ArgLimit)
 }
 
+// orderBy returns the column of o, its type and the arg of its value in
+// a cursor, and the comparison and direction o pages with.
+func orderBy(o inbox.ListOrder) (col, typ string, after inbox.Arg, cmp, dir string) {
+	col, typ, after = string(o.Column), "timestamptz", inbox.ArgAfterTime
+	if o.Column == inbox.OrderByAttempt {
+		typ, after = "bigint", inbox.ArgAfterAttempt
+	}
+	cmp, dir = ">", ""
+	if o.Desc {
+		cmp, dir = "<", " DESC"
+	}
+	return col, typ, after, cmp, dir
+}
+
+func (q queries) ListRecordsBy(o inbox.ListOrder) inbox.Query {
+	col, typ, after, cmp, dir := orderBy(o)
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
+WHERE ($1::integer = 0 OR (`+col+`, scope, operation, key) `+cmp+` ($2::`+typ+`, $3::text, $4::text, $5::text))
+	AND ($6::text = '' OR status = $6::text)
+	AND ($7::text = '' OR operation = $7::text)
+	AND ($8::integer = 0 OR scope = $9::text)
+	AND ($10::timestamptz IS NULL OR created_at < $10::timestamptz)
+	AND attempt > $11
+ORDER BY `+col+dir+`, scope`+dir+`, operation`+dir+`, key`+dir+` LIMIT $12`,
+		inbox.ArgAfterSet, after, inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgStatus,
+		inbox.ArgOperation, inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore, inbox.ArgAttempt, inbox.ArgLimit)
+}
+
 func (q queries) SelectKeys() inbox.Query {
 	return q.q(`SELECT scope, operation, key FROM "{{table}}"
 WHERE (scope, operation, key) > ($1, $2, $3) AND ($4::text = '' OR operation = $4::text)
@@ -284,6 +312,17 @@ ORDER BY scope, operation, key LIMIT $5`,
 
 func (q queries) CountByOperation() inbox.Query {
 	return q.q(`SELECT operation, status, count(*) FROM "{{table}}" GROUP BY operation, status`)
+}
+
+func (q queries) CountByUpdated() inbox.Query {
+	// The bucket is computed in a subquery: grouped by its output name
+	// in one statement, PostgreSQL 15 refused the statement on the
+	// partitioned table (42803, updated_at must appear in the GROUP BY).
+	return q.q(`SELECT status, bucket, count(*) FROM (
+	SELECT status, floor(extract(epoch FROM updated_at - $1::timestamptz) * 1000000 / $2::bigint)::bigint AS bucket
+	FROM "{{table}}" WHERE updated_at >= $1::timestamptz AND updated_at < $3::timestamptz
+) AS window_rows GROUP BY status, bucket`,
+		inbox.ArgSince, inbox.ArgWidth, inbox.ArgBefore)
 }
 
 func (q queries) OldestPending() inbox.Query {

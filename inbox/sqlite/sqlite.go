@@ -260,6 +260,25 @@ ORDER BY scope, operation, "key" LIMIT ?`,
 			inbox.ArgLimit)...)
 }
 
+func (q queries) ListRecordsBy(o inbox.ListOrder) inbox.Query {
+	after, cmp, dir := inbox.ArgAfterTime, ">", ""
+	if o.Column == inbox.OrderByAttempt {
+		after = inbox.ArgAfterAttempt
+	}
+	if o.Desc {
+		cmp, dir = "<", " DESC"
+	}
+	col := string(o.Column)
+	return q.q(`SELECT `+cols+` FROM "{{table}}"
+WHERE (? = 0 OR (`+col+`, scope, operation, "key") `+cmp+` (?, ?, ?, ?))
+	AND (? = '' OR status = ?) AND (? = '' OR operation = ?) AND (? = 0 OR scope = ?)
+	AND (? IS NULL OR created_at < ?) AND attempt > ?
+ORDER BY `+col+dir+`, scope`+dir+`, operation`+dir+`, "key"`+dir+` LIMIT ?`,
+		inbox.ArgAfterSet, after, inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgStatus,
+		inbox.ArgStatus, inbox.ArgOperation, inbox.ArgOperation, inbox.ArgByScope, inbox.ArgScope, inbox.ArgBefore,
+		inbox.ArgBefore, inbox.ArgAttempt, inbox.ArgLimit)
+}
+
 func (q queries) SelectKeys() inbox.Query {
 	return q.q(`SELECT scope, operation, "key" FROM "{{table}}"
 WHERE `+afterKey+` AND (? = '' OR operation = ?)
@@ -269,6 +288,14 @@ ORDER BY scope, operation, "key" LIMIT ?`,
 
 func (q queries) CountByOperation() inbox.Query {
 	return q.q(`SELECT operation, status, COUNT(*) FROM "{{table}}" GROUP BY operation, status`)
+}
+
+func (q queries) CountByUpdated() inbox.Query {
+	// Times are integer microseconds: the division is an integer's, which
+	// is the floor for the window's non-negative offsets.
+	return q.q(`SELECT status, (updated_at - ?) / ? AS bucket, COUNT(*) FROM "{{table}}"
+WHERE updated_at >= ? AND updated_at < ? GROUP BY status, bucket`,
+		inbox.ArgSince, inbox.ArgWidth, inbox.ArgSince, inbox.ArgBefore)
 }
 
 func (q queries) OldestPending() inbox.Query {

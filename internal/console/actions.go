@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -18,7 +19,10 @@ type action struct {
 	attempt int64
 	actor   inbox.Actor
 	dryRun  bool
-	form    actionForm
+	// confirmed: the form is a confirmation page's, which a forget that
+	// is not a dry run must be.
+	confirmed bool
+	form      actionForm
 }
 
 // readAction checks the request and reads the form every action shares.
@@ -32,7 +36,11 @@ func (h *handler) readAction(w http.ResponseWriter, r *http.Request, name string
 		h.render(w, r, http.StatusForbidden, "error", &view{Title: "Read-only", Error: "This console is read-only: it changes nothing."})
 		return a, false
 	}
-	if !h.checkCSRF(w, r) {
+	if !h.readForm(w, r) {
+		h.actions.WithLabelValues(name, "refused").Inc()
+		return a, false
+	}
+	if !h.checkCSRF(r) {
 		h.actions.WithLabelValues(name, "refused").Inc()
 		h.forbidden(w, r)
 		return a, false
@@ -41,10 +49,27 @@ func (h *handler) readAction(w http.ResponseWriter, r *http.Request, name string
 	a.id = inbox.ID{Scope: f.Get("scope"), Operation: f.Get("operation"), Key: f.Get("key")}
 	a.form = actionForm{To: f.Get("to"), Reason: f.Get("reason"), Actor: f.Get("actor"),
 		ExternalRef: f.Get("external_ref")}
-	a.dryRun = f.Get("mode") == "dry-run"
+	switch mode := f.Get("mode"); mode {
+	case "dry-run":
+		a.dryRun = true
+	case "", "apply": // "": a client that posts the form without pressing a button
+	default:
+		h.actions.WithLabelValues(name, "refused").Inc()
+		h.badInput(w, r, fmt.Sprintf("The form's mode %q is neither dry-run nor apply: nothing was changed.", mode))
+		return a, false
+	}
 	a.actor = inbox.Actor{Name: strings.TrimSpace(a.form.Actor), Reason: strings.TrimSpace(a.form.Reason)}
 	if a.actor.Name == "" {
 		a.actor.Name = h.cfg.Actor
+	}
+	switch confirm := f.Get("confirm"); confirm {
+	case "yes":
+		a.confirmed = true
+	case "":
+	default:
+		h.actions.WithLabelValues(name, "refused").Inc()
+		h.badInput(w, r, fmt.Sprintf("The form's confirm %q is not yes: nothing was changed.", confirm))
+		return a, false
 	}
 	if err := a.id.Validate(); err != nil {
 		h.render(w, r, http.StatusBadRequest, "error", &view{Title: "Bad request", Error: "The form does not name a record: " + err.Error()})
@@ -114,6 +139,10 @@ func (h *handler) forget(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := h.ctx(r)
 	defer cancel()
+	if !a.dryRun && !a.confirmed {
+		h.confirmForget(w, r, ctx, a)
+		return
+	}
 	rec, err := h.store.Forget(ctx, inbox.ForgetParams{ID: a.id, Attempt: a.attempt, Actor: a.actor, DryRun: a.dryRun})
 	if err != nil {
 		h.actionFailed(w, r, a, err)
@@ -129,6 +158,31 @@ func (h *handler) forget(w http.ResponseWriter, r *http.Request) {
 	}
 	h.actions.WithLabelValues(a.name, "applied").Inc()
 	http.Redirect(w, r, "/audit?"+url.Values{"done": {"forgotten"}}.Encode(), http.StatusSeeOther)
+}
+
+// confirmView is the page that asks before a forget.
+type confirmView struct {
+	ID      inbox.ID
+	Record  *inbox.Record
+	Attempt int64 // the attempt the confirmed forget is fenced to
+	Form    actionForm
+	Back    string
+}
+
+// confirmForget answers a forget that is not confirmed yet: it checks
+// the forget as a dry run would, and shows what it would delete with a
+// form of its own that confirms it. Nothing changes until that form is
+// sent; the attempt it carries is the one checked here, so that a record
+// a worker took over meanwhile is refused, not deleted.
+func (h *handler) confirmForget(w http.ResponseWriter, r *http.Request, ctx context.Context, a action) {
+	rec, err := h.store.Forget(ctx, inbox.ForgetParams{ID: a.id, Attempt: a.attempt, Actor: a.actor, DryRun: true})
+	if err != nil {
+		h.actionFailed(w, r, a, err)
+		return
+	}
+	h.log.Info("console forget asked for confirmation", "operation", a.id.Operation, "key_digest", a.id.Digest(), "attempt", rec.Attempt)
+	h.render(w, r, http.StatusOK, "confirm", &view{Title: "Forget record " + a.id.Digest() + "?", Nav: "records",
+		Data: confirmView{ID: a.id, Record: rec, Attempt: rec.Attempt, Form: a.form, Back: recordURL(a.id)}})
 }
 
 // logAction writes the action's line: the record by operation and digest,

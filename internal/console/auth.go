@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -21,30 +22,79 @@ const (
 
 // protect wraps a route that needs the token (when one is configured):
 // 401 with the login page for a request without a valid bearer token or
-// login cookie.
+// login cookie, 429 for a bearer token from a client locked out by the
+// login limit.
 func (h *handler) protect(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !h.authenticated(r) {
+		ok, wait := h.authenticate(r)
+		switch {
+		case wait > 0:
+			h.tooMany(w, r, wait)
+		case !ok:
 			h.unauthorized(w, r, "")
-			return
+		default:
+			next(w, r)
 		}
-		next(w, r)
 	})
 }
 
-// authenticated reports whether r carries the token: in an Authorization
-// header, which when present decides alone, or as a login cookie the
-// login form set.
-func (h *handler) authenticated(r *http.Request) bool {
+// authenticate reports whether r carries the token: in an Authorization
+// header, which when present decides alone, or as the login cookie of a
+// live session. A bearer token counts as a login attempt: a wrong one is
+// a failure for the login limit, and a client locked out by it gets the
+// time it must wait, its token unchecked.
+func (h *handler) authenticate(r *http.Request) (ok bool, wait time.Duration) {
 	if h.cfg.Token == "" {
-		return true
+		return true, 0
 	}
 	if a := r.Header.Get("Authorization"); a != "" {
+		client, now := clientOf(r.RemoteAddr), h.now()
+		if wait := h.limiter.wait(client, now); wait > 0 {
+			return false, wait
+		}
 		scheme, cred, ok := strings.Cut(a, " ")
-		return ok && strings.EqualFold(scheme, "Bearer") && h.tokenMatches(strings.TrimSpace(cred))
+		if ok && strings.EqualFold(scheme, "Bearer") && h.tokenMatches(strings.TrimSpace(cred)) {
+			h.limiter.succeeded(client)
+			return true, 0
+		}
+		return false, h.failedToken(r, client, now)
 	}
 	c, err := r.Cookie(loginCookie)
-	return err == nil && h.validLogin(c.Value, time.Now())
+	if err != nil {
+		return false, 0
+	}
+	_, ok = h.validLogin(c.Value, h.now())
+	return ok, 0
+}
+
+// authenticated is authenticate without the wait.
+func (h *handler) authenticated(r *http.Request) bool {
+	ok, _ := h.authenticate(r)
+	return ok
+}
+
+// failedToken records a wrong token from client and returns the lockout
+// it started (0: none), which it logs.
+func (h *handler) failedToken(r *http.Request, client string, now time.Time) time.Duration {
+	wait := h.limiter.failed(client, now)
+	if wait > 0 {
+		h.log.Info("console login locked out: too many wrong tokens", "client", client, "remote", r.RemoteAddr, "for", wait)
+	}
+	return wait
+}
+
+// tooMany answers a client locked out by the login limit: 429 with
+// Retry-After, and on the login page the login form saying so.
+func (h *handler) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+	secs := int64((wait + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	msg := fmt.Sprintf("Too many failed logins from your address: try again in %s.", human(time.Duration(secs)*time.Second))
+	if r.URL.Path != "/login" {
+		http.Error(w, "429 too many requests: "+msg, http.StatusTooManyRequests)
+		return
+	}
+	h.render(w, r, http.StatusTooManyRequests, "login", &view{Title: "Log in", Error: msg,
+		Data: loginView{Next: localPath(r.PostFormValue("next"))}})
 }
 
 // tokenMatches compares in constant time. Both sides are hashed first so
@@ -67,25 +117,43 @@ func (h *handler) mac(parts ...string) []byte {
 
 var b64 = base64.RawURLEncoding
 
-// newLogin returns a login cookie value: its expiry in Unix seconds
-// and a MAC of it (and of the token, so that a console restarted with
-// another token refuses it even under the same secret).
+// newLogin starts a session and returns its login cookie value: the
+// session's ID, its expiry in Unix seconds and a MAC of both (and of the
+// token, so that a console restarted with another token refuses it even
+// under the same secret).
 func (h *handler) newLogin(now time.Time) string {
-	exp := strconv.FormatInt(now.Add(h.cfg.LoginTTL).Unix(), 10)
-	return exp + "." + b64.EncodeToString(h.mac("login", exp, h.cfg.Token))
+	expAt := now.Add(h.cfg.LoginTTL)
+	exp := strconv.FormatInt(expAt.Unix(), 10)
+	id := h.sessions.add(now, time.Unix(expAt.Unix(), 0))
+	return id + "." + exp + "." + b64.EncodeToString(h.mac("login", id, exp, h.cfg.Token))
 }
 
-func (h *handler) validLogin(v string, now time.Time) bool {
-	exp, sig, ok := strings.Cut(v, ".")
-	if !ok {
-		return false
+// parseLogin returns the session ID of a login cookie value this process
+// signed, expired or not.
+func (h *handler) parseLogin(v string) (id string, exp int64, ok bool) {
+	parts := strings.Split(v, ".")
+	if len(parts) != 3 {
+		return "", 0, false
 	}
-	unix, err := strconv.ParseInt(exp, 10, 64)
-	if err != nil || now.Unix() >= unix {
-		return false
+	unix, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return "", 0, false
 	}
-	got, err := b64.DecodeString(sig)
-	return err == nil && hmac.Equal(got, h.mac("login", exp, h.cfg.Token))
+	got, err := b64.DecodeString(parts[2])
+	if err != nil || !hmac.Equal(got, h.mac("login", parts[0], parts[1], h.cfg.Token)) {
+		return "", 0, false
+	}
+	return parts[0], unix, true
+}
+
+// validLogin reports whether v is the login cookie of a session that is
+// live at now, and returns its ID.
+func (h *handler) validLogin(v string, now time.Time) (string, bool) {
+	id, exp, ok := h.parseLogin(v)
+	if !ok || now.Unix() >= exp || !h.sessions.live(id, now) {
+		return "", false
+	}
+	return id, true
 }
 
 // csrfToken returns the CSRF token for the forms of the page being
@@ -119,13 +187,9 @@ func (h *handler) validCSRF(tok string) bool {
 }
 
 // checkCSRF reports whether a POST carries the CSRF token in its cookie and
-// in its form, the same in both and signed by this process. It parses the
-// form (bounded to maxFormBytes).
-func (h *handler) checkCSRF(w http.ResponseWriter, r *http.Request) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
-	if err := r.ParseForm(); err != nil {
-		return false
-	}
+// in its form, the same in both and signed by this process. The form must
+// have been read (readForm).
+func (h *handler) checkCSRF(r *http.Request) bool {
 	// A browser says where a request comes from; refuse what another site
 	// sent even before looking at the token.
 	if site := r.Header.Get("Sec-Fetch-Site"); site == "cross-site" || site == "same-site" {
@@ -185,15 +249,22 @@ func localPath(p string) string {
 }
 
 func (h *handler) loginPage(w http.ResponseWriter, r *http.Request) {
-	if h.cfg.Token == "" || h.authenticated(r) {
-		http.Redirect(w, r, localPath(r.URL.Query().Get("next")), http.StatusSeeOther)
+	q, ok := h.query(w, r)
+	if !ok {
 		return
 	}
-	h.render(w, r, http.StatusOK, "login", &view{Title: "Log in", Data: loginView{Next: localPath(r.URL.Query().Get("next"))}})
+	if h.cfg.Token == "" || h.authenticated(r) {
+		http.Redirect(w, r, localPath(q.Get("next")), http.StatusSeeOther)
+		return
+	}
+	h.render(w, r, http.StatusOK, "login", &view{Title: "Log in", Data: loginView{Next: localPath(q.Get("next"))}})
 }
 
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
-	if !h.checkCSRF(w, r) {
+	if !h.readForm(w, r) {
+		return
+	}
+	if !h.checkCSRF(r) {
 		h.forbidden(w, r)
 		return
 	}
@@ -201,13 +272,25 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
+	client, now := clientOf(r.RemoteAddr), h.now()
+	if wait := h.limiter.wait(client, now); wait > 0 {
+		// Locked out: not even the right token is looked at.
+		h.log.Info("console login refused: locked out", "client", client, "remote", r.RemoteAddr)
+		h.tooMany(w, r, wait)
+		return
+	}
 	if !h.tokenMatches(r.PostForm.Get("token")) {
+		if wait := h.failedToken(r, client, now); wait > 0 {
+			h.tooMany(w, r, wait)
+			return
+		}
 		h.log.Info("console login refused", "remote", r.RemoteAddr)
 		h.unauthorized(w, r, "That token is not the console's token.")
 		return
 	}
+	h.limiter.succeeded(client)
 	http.SetCookie(w, &http.Cookie{
-		Name: loginCookie, Value: h.newLogin(time.Now()), Path: "/", MaxAge: int(h.cfg.LoginTTL / time.Second),
+		Name: loginCookie, Value: h.newLogin(now), Path: "/", MaxAge: int(h.cfg.LoginTTL / time.Second),
 		HttpOnly: true, Secure: secure(r), SameSite: http.SameSiteStrictMode,
 	})
 	h.log.Info("console login", "remote", r.RemoteAddr)
@@ -215,9 +298,19 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
-	if !h.checkCSRF(w, r) {
+	if !h.readForm(w, r) {
+		return
+	}
+	if !h.checkCSRF(r) {
 		h.forbidden(w, r)
 		return
+	}
+	// End the session on the server too, so that no copy of the cookie
+	// outlives the logout.
+	if c, err := r.Cookie(loginCookie); err == nil {
+		if id, _, ok := h.parseLogin(c.Value); ok {
+			h.sessions.end(id)
+		}
 	}
 	http.SetCookie(w, &http.Cookie{Name: loginCookie, Value: "", Path: "/", MaxAge: -1,
 		HttpOnly: true, Secure: secure(r), SameSite: http.SameSiteStrictMode})

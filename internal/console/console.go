@@ -24,11 +24,14 @@ import (
 var ErrInvalidConfig = errors.New("console: invalid config")
 
 // ErrTokenRequired: a console bound beyond the loopback interface has no
-// token, or one shorter than [MinTokenLen] bytes. See [CheckBind].
-var ErrTokenRequired = errors.New("console: a token of at least 16 bytes is required to listen beyond the loopback interface")
+// token, or a console has a token shorter than [MinTokenLen] bytes,
+// wherever it listens. See [CheckBind].
+var ErrTokenRequired = errors.New("console: a token of at least 16 bytes is required")
 
-// MinTokenLen is the shortest token [CheckBind] accepts for an address
-// beyond the loopback interface, in bytes. `openssl rand -hex 32` makes a
+// MinTokenLen is the shortest token the console accepts, in bytes: beyond
+// the loopback interface, where one is required, and on it, where one is
+// optional — a short token is no harder to guess for a local process or a
+// browser's page than for a remote one. `openssl rand -hex 32` makes a
 // good one.
 const MinTokenLen = 16
 
@@ -79,9 +82,28 @@ type Config struct {
 	// Registering twice in one registry fails New.
 	Registry *prometheus.Registry
 
+	// LoginFailures is how many wrong tokens in a row — through the login
+	// form or as bearer tokens — one client may send before it is locked
+	// out for LoginLockout. A client is its IP address (an IPv6 address
+	// its /64 network); behind a reverse proxy every client is the
+	// proxy. Defaults to 5.
+	LoginFailures int
+
+	// LoginLockout is how long a client is locked out after LoginFailures
+	// wrong tokens: every token it sends meanwhile, the right one too, is
+	// answered 429 with Retry-After and not checked. Each wrong token
+	// after a lockout locks it out again, twice as long as the last time,
+	// up to 16 times LoginLockout; a right token, or a quiet spell of 16
+	// times LoginLockout, starts over. A client already logged in keeps
+	// its session. Defaults to 1 minute (lockouts of 1, 2, 4, 8 and 16
+	// minutes).
+	LoginLockout time.Duration
+
 	// LoginTTL is how long a login lasts. Defaults to 12 hours. Logins
-	// also end when the process restarts: they are signed with a secret
-	// that lives only in memory.
+	// also end at logout, on the server (a copy of the login cookie does
+	// not outlive it), and when the process restarts: sessions are kept
+	// and signed in memory only. At most 1000 are live at once; a new one
+	// beyond that ends the one closest to its end.
 	LoginTTL time.Duration
 
 	// PageSize is how many records and audit entries a page lists unless
@@ -115,6 +137,12 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if c.LoginFailures == 0 {
+		c.LoginFailures = DefaultLoginFailures
+	}
+	if c.LoginLockout == 0 {
+		c.LoginLockout = DefaultLoginLockout
+	}
 	if c.LoginTTL == 0 {
 		c.LoginTTL = 12 * time.Hour
 	}
@@ -134,6 +162,12 @@ func (c Config) validate() error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, fmt.Errorf("%w: Store is nil", ErrInvalidConfig))
+	}
+	if c.LoginFailures < 0 {
+		errs = append(errs, fmt.Errorf("%w: LoginFailures is negative", ErrInvalidConfig))
+	}
+	if c.LoginLockout < 0 || c.LoginLockout > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("%w: LoginLockout %v is not between 0 and 24h", ErrInvalidConfig, c.LoginLockout))
 	}
 	if c.LoginTTL < 0 {
 		errs = append(errs, fmt.Errorf("%w: LoginTTL is negative", ErrInvalidConfig))
@@ -156,6 +190,9 @@ func (c Config) validate() error {
 	}
 	if err := inbox.CheckText(c.Actor, inbox.MaxActorLen); err != nil {
 		errs = append(errs, fmt.Errorf("%w: Actor %w", ErrInvalidConfig, err))
+	}
+	if c.Token != "" && len(c.Token) < MinTokenLen {
+		errs = append(errs, fmt.Errorf("%w: the token has %d bytes; `openssl rand -hex 32` makes a good one", ErrTokenRequired, len(c.Token)))
 	}
 	if strings.ContainsAny(c.Token, " \t\r\n") {
 		errs = append(errs, fmt.Errorf("%w: Token contains white space, which an Authorization header cannot carry", ErrInvalidConfig))
@@ -183,6 +220,15 @@ type handler struct {
 	actions *prometheus.CounterVec
 	gauges  *overviewCollector
 	mux     *http.ServeMux
+	// origins refuses a state-changing request from another origin, by
+	// its Sec-Fetch-Site header or, from a browser that sends none, by
+	// its Origin header against its Host.
+	origins *http.CrossOriginProtection
+	// limiter locks out clients that send wrong tokens; sessions are the
+	// live logins.
+	limiter  *loginLimiter
+	sessions *sessionStore
+	now      func() time.Time // the clock of logins and of the login limit
 }
 
 // New returns the console as an http.Handler to mount at the root of a
@@ -194,7 +240,8 @@ type handler struct {
 //	GET  /record             one record by ?scope=&operation=&key=, with its audit history
 //	GET  /records/{digest}   one record by the key digest logs print (?operation= narrows the search)
 //	POST /record/resolve     resolve a pending record, or a processing one whose lease expired
-//	POST /record/forget      delete a record so that the next delivery runs again
+//	POST /record/forget      delete a record so that the next delivery runs again; without
+//	                         confirm=yes (and not a dry run) it answers a page that asks first
 //	GET  /audit              the audit trail, newest first (?action= filters), paged
 //	GET  /login, POST /login, POST /logout   the token login (with Config.Token)
 //	GET  /metrics            Prometheus metrics (authenticated like the pages)
@@ -209,13 +256,17 @@ type handler struct {
 // cross-site) gets 403 unless it is a top-level GET navigation (a link
 // followed; Sec-Fetch-Mode: navigate and Sec-Fetch-Dest: document) or for
 // /static/ or /healthz: another site's page cannot make the console run
-// queries behind an image or a script.
+// queries behind an image or a script. A POST gets 403 too when
+// Sec-Fetch-Site is not same-origin or, from a browser that sends no
+// Sec-Fetch-Site, when its Origin header names another host than its Host
+// header ([http.CrossOriginProtection]).
 func New(cfg Config) (http.Handler, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	h := &handler{cfg: cfg, store: cfg.Store, log: cfg.Logger, secret: make([]byte, 32)}
+	h := &handler{cfg: cfg, store: cfg.Store, log: cfg.Logger, secret: make([]byte, 32), origins: http.NewCrossOriginProtection(),
+		limiter: newLoginLimiter(cfg.LoginFailures, cfg.LoginLockout), sessions: newSessionStore(), now: time.Now}
 	if _, err := rand.Read(h.secret); err != nil {
 		return nil, fmt.Errorf("console: secret: %w", err)
 	}
@@ -303,6 +354,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.log.Info("console request refused: sent by another site", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 		http.Error(sw, "403 forbidden: the console does not answer requests another site's page makes; open it directly.",
 			http.StatusForbidden)
+	case h.origins.Check(r) != nil:
+		// A POST from another origin, which the CSRF token alone would
+		// not stop if the token ever leaked.
+		h.log.Info("console request refused: sent by another site (its Origin is not this console's)", "method", r.Method,
+			"path", r.URL.Path, "remote", r.RemoteAddr)
+		http.Error(sw, "403 forbidden: this change was sent by another site's page (its Origin is not this console's); "+
+			"open the console directly. Behind a reverse proxy, pass the Host header through.", http.StatusForbidden)
 	default:
 		h.mux.ServeHTTP(sw, r)
 	}
@@ -345,26 +403,27 @@ func (p slogPrinter) Println(v ...any) { p.log.Error("console metrics", "error",
 // CheckBind refuses to serve the console on addr without a token of at
 // least [MinTokenLen] bytes unless addr is a loopback address:
 // "127.0.0.1:8080", "[::1]:8080" and "localhost:8080" pass without one;
-// ":8080", "0.0.0.0:8080" and any other host need a token. The host must
-// be an IP address or "localhost": another name could resolve anywhere.
-// ("localhost" is trusted by name here; a caller should check that the
-// listener it gets is on a loopback address.)
+// ":8080", "0.0.0.0:8080" and any other host need a token. A token that is
+// given must have MinTokenLen bytes on a loopback address too. The host
+// must be an IP address or "localhost": another name could resolve
+// anywhere. ("localhost" is trusted by name here; a caller should check
+// that the listener it gets is on a loopback address.)
 func CheckBind(addr, token string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%w: address %q: %w", ErrInvalidConfig, addr, err)
 	}
-	if isLoopback(host) {
-		return nil
-	}
+	where := host
 	if host == "" {
-		host = "every interface"
+		where = "every interface"
 	}
-	if token == "" {
-		return fmt.Errorf("%w: %s is not a loopback address; pass a token (--token or INBOXMILL_TOKEN; `openssl rand -hex 32` makes one) or bind to 127.0.0.1", ErrTokenRequired, host)
-	}
-	if len(token) < MinTokenLen {
-		return fmt.Errorf("%w: the token has %d bytes, too few to guard %s; `openssl rand -hex 32` makes a good one", ErrTokenRequired, len(token), host)
+	switch {
+	case token == "" && isLoopback(host):
+		return nil
+	case token == "":
+		return fmt.Errorf("%w to listen beyond the loopback interface: %s is not a loopback address; pass a token (--token or INBOXMILL_TOKEN; `openssl rand -hex 32` makes one) or bind to 127.0.0.1", ErrTokenRequired, where)
+	case len(token) < MinTokenLen:
+		return fmt.Errorf("%w: the token has %d bytes, too few to guard %s; `openssl rand -hex 32` makes a good one", ErrTokenRequired, len(token), where)
 	}
 	return nil
 }

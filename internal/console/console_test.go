@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,8 +9,10 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -37,7 +40,7 @@ func TestOverviewAndMetrics(t *testing.T) {
 			row := regexp.MustCompile(`(?s)<tr data-operation="` + op + `">(.*?)</tr>`).FindStringSubmatch(r.body)
 			require.NotNil(t, row, "no row for %s", op)
 			for _, st := range []inbox.Status{inbox.StatusPending, inbox.StatusProcessing, inbox.StatusFailed, inbox.StatusCompleted} {
-				cell := regexp.MustCompile(`<td class="n" data-status="` + string(st) + `">(?:<a [^>]*>|<span class="muted">)(\d+)<`).FindStringSubmatch(row[1])
+				cell := regexp.MustCompile(`<td class="n" data-status="` + string(st) + `"[^>]*>(?:<a [^>]*>|<span class="muted">)(\d+)<`).FindStringSubmatch(row[1])
 				require.NotNil(t, cell, "no %s cell for %s", st, op)
 				assert.Equal(t, fmt.Sprint(byStatus[st]), cell[1], "%s %s", op, st)
 			}
@@ -107,9 +110,10 @@ func TestResolveAndForget(t *testing.T) {
 		assert.Contains(t, a.body, "charge ch_3Qy found at the provider")
 		assert.Contains(t, a.body, b.seed.pending.Digest())
 
-		// Forget, with the actor the form names.
+		// Forget, with the actor the form names, confirmed (see
+		// TestForgetConfirms).
 		r = c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "address fixed; ship again", "actor", "alice",
-			"mode", "apply"))
+			"mode", "apply", "confirm", "yes"))
 		require.Equal(t, http.StatusSeeOther, r.status, r.body)
 		_, err := b.store.Get(context.Background(), b.store.DB(), b.seed.failed)
 		require.ErrorIs(t, err, inbox.ErrNotFound)
@@ -244,7 +248,7 @@ func TestEscaping(t *testing.T) {
 		rec := c.get(recordPath(b.seed.xss))
 		assert.Contains(t, rec.body, `id="key">`+escaped+`<`)
 		// The link the list page gives is the query-escaped ID.
-		links := regexp.MustCompile(`<td class="key"><a href="([^"]*)"`).FindAllStringSubmatch(c.get("/records?operation=charge_card").body, -1)
+		links := regexp.MustCompile(`<td class="key"[^>]*><a href="([^"]*)"`).FindAllStringSubmatch(c.get("/records?operation=charge_card").body, -1)
 		var ids []inbox.ID
 		for _, l := range links {
 			u, err := url.Parse(html.UnescapeString(l[1]))
@@ -264,7 +268,7 @@ func TestListFilters(t *testing.T) {
 		c := b.client(t)
 		keys := func(body string) []string {
 			var out []string
-			for _, m := range regexp.MustCompile(`<td class="key"><a href="[^"]*" title="([^"]*)"`).FindAllStringSubmatch(body, -1) {
+			for _, m := range regexp.MustCompile(`<td class="key"[^>]*><a href="[^"]*" title="([^"]*)"`).FindAllStringSubmatch(body, -1) {
 				out = append(out, html.UnescapeString(m[1]))
 			}
 			return out
@@ -331,7 +335,9 @@ func TestFindByDigest(t *testing.T) {
 func TestAuth(t *testing.T) {
 	t.Parallel()
 	const token = "s3cr3t-console-token-0123456789"
-	b := setup(t, testdb.SQLite, console.Config{Token: token})
+	// Many wrong tokens from one address: the login limit has a test of
+	// its own.
+	b := setup(t, testdb.SQLite, console.Config{Token: token, LoginFailures: 1000})
 	anon := b.client(t)
 	for _, path := range []string{"/", "/records", recordPath(b.seed.pending), "/audit", "/metrics", "/nowhere"} {
 		r := anon.get(path)
@@ -441,7 +447,7 @@ func TestReadOnly(t *testing.T) {
 // TestSecurityHeaders checks the headers every response carries.
 func TestSecurityHeaders(t *testing.T) {
 	t.Parallel()
-	b := setup(t, testdb.SQLite, console.Config{Token: "t0ken"})
+	b := setup(t, testdb.SQLite, console.Config{Token: "t0ken-t0ken-t0ken"})
 	c := b.client(t)
 	for _, path := range []string{"/", "/login", "/healthz", "/static/console.css", "/nowhere"} {
 		r := c.get(path)
@@ -519,6 +525,11 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	require.ErrorIs(t, err, console.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "PageSize")
 	assert.Contains(t, err.Error(), "white space")
+	// The handler refuses a short token whatever the address: a caller
+	// that skips CheckBind gets no weaker console.
+	_, err = console.New(console.Config{Store: b.store, Token: "0123456789abcde"})
+	require.ErrorIs(t, err, console.ErrTokenRequired)
+	assert.Contains(t, err.Error(), "15 bytes")
 
 	reg := prometheus.NewRegistry()
 	_, err = console.New(console.Config{Store: b.store, Registry: reg})
@@ -554,7 +565,12 @@ func TestCheckBind(t *testing.T) {
 		{"0.0.0.0:8080", "0123456789abcde", console.ErrTokenRequired}, // 15 bytes
 		{"0.0.0.0:8080", "0123456789abcdef", nil},
 		{":8080", strings.Repeat("f", 64), nil},
-		{"127.0.0.1:8080", "t", nil}, // a token is optional on loopback
+		// A token is optional on loopback, but one given must be as long
+		// as anywhere: a short one is as guessable from a local process.
+		{"127.0.0.1:8080", "t", console.ErrTokenRequired},
+		{"[::1]:8080", "0123456789abcde", console.ErrTokenRequired},
+		{"localhost:8080", "short", console.ErrTokenRequired},
+		{"127.0.0.1:8080", "0123456789abcdef", nil},
 		{"no-port", "", console.ErrInvalidConfig},
 	} {
 		err := console.CheckBind(tc.addr, tc.token)
@@ -569,3 +585,202 @@ func TestCheckBind(t *testing.T) {
 // TestMain fails the binary when a test leaves a goroutine behind: the
 // console starts none of its own.
 func TestMain(m *testing.M) { testkit.MainWithLeakCheck(m) }
+
+// TestForgetConfirms: the forget form asks for confirmation first — a
+// page that says what will be deleted and what follows, with its own
+// button — and only that button's request deletes the record.
+func TestForgetConfirms(t *testing.T) {
+	eachKind(t, func(t *testing.T, kind testdb.Kind) {
+		b := setup(t, kind, console.Config{})
+		c := b.client(t)
+		tok := c.csrf(recordPath(b.seed.failed))
+		for _, mode := range []string{"apply", ""} {
+			r := c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "address fixed", "actor", "alice", "mode", mode))
+			require.Equal(t, http.StatusOK, r.status, r.body)
+			assert.Contains(t, r.body, "Forget this record?")
+			assert.Contains(t, r.body, "runs the handler again")
+			assert.Contains(t, r.body, `name="confirm" value="yes"`)
+			assert.Contains(t, r.body, `value="address fixed"`, "the reason is carried over")
+			assert.Contains(t, r.body, `href="`+html.EscapeString(recordPath(b.seed.failed))+`"`, "a way back")
+			assert.Equal(t, inbox.StatusFailed, b.record(t, b.seed.failed).Status, "asked, not deleted")
+			assert.Empty(t, b.audit(t, b.seed.failed))
+		}
+		assert.Equal(t, http.StatusBadRequest, c.post("/record/forget",
+			actionForm(b.seed.failed, tok, "reason", "x", "mode", "apply", "confirm", "y")).status)
+
+		// The confirmation page's own form deletes it.
+		page := c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "address fixed", "mode", "apply"))
+		form := url.Values{}
+		for _, m := range regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`).FindAllStringSubmatch(page.body, -1) {
+			form.Set(m[1], html.UnescapeString(m[2]))
+		}
+		require.Equal(t, "yes", form.Get("confirm"))
+		r := c.post("/record/forget", form)
+		require.Equal(t, http.StatusSeeOther, r.status, r.body)
+		_, err := b.store.Get(context.Background(), b.store.DB(), b.seed.failed)
+		require.ErrorIs(t, err, inbox.ErrNotFound)
+		require.Len(t, b.audit(t, b.seed.failed), 1)
+	})
+}
+
+// TestListSort: the record list sorts on the server by a column the
+// sort parameter names from a fixed list, each way, and pages in that
+// order; the column headers and the filter form link to the sorts.
+func TestListSort(t *testing.T) {
+	eachKind(t, func(t *testing.T, kind testdb.Kind) {
+		b := setup(t, kind, console.Config{})
+		c := b.client(t)
+		// A record taken over, so that attempts differ.
+		l, err := b.store.TakeOver(context.Background(), b.record(t, b.seed.expiredLease), inbox.TakeOverParams{Owner: "w2", Lease: time.Hour})
+		require.NoError(t, err)
+		require.NoError(t, l.Release(context.Background(), "handed back"))
+		all, err := b.store.List(context.Background(), inbox.Filter{Limit: 1000})
+		require.NoError(t, err)
+		keyRe := regexp.MustCompile(`<td class="key"[^>]*><a href="[^"]*" title="([^"]*)"`)
+		keys := func(body string) []string {
+			var out []string
+			for _, m := range keyRe.FindAllStringSubmatch(body, -1) {
+				out = append(out, html.UnescapeString(m[1]))
+			}
+			return out
+		}
+		for sortParam, less := range map[string]func(a, b *inbox.Record) int{
+			"created":  func(a, b *inbox.Record) int { return a.CreatedAt.Compare(b.CreatedAt) },
+			"-created": func(a, b *inbox.Record) int { return b.CreatedAt.Compare(a.CreatedAt) },
+			"updated":  func(a, b *inbox.Record) int { return a.UpdatedAt.Compare(b.UpdatedAt) },
+			"-updated": func(a, b *inbox.Record) int { return b.UpdatedAt.Compare(a.UpdatedAt) },
+			"attempt":  func(a, b *inbox.Record) int { return cmp.Compare(a.Attempt, b.Attempt) },
+			"-attempt": func(a, b *inbox.Record) int { return cmp.Compare(b.Attempt, a.Attempt) },
+		} {
+			desc := strings.HasPrefix(sortParam, "-")
+			sorted := slices.Clone(all.Records)
+			slices.SortStableFunc(sorted, func(x, y *inbox.Record) int {
+				if n := less(x, y); n != 0 {
+					return n
+				}
+				n := cmp.Or(strings.Compare(x.Scope, y.Scope), strings.Compare(x.Operation, y.Operation), strings.Compare(x.Key, y.Key))
+				if desc {
+					return -n
+				}
+				return n
+			})
+			var want []string
+			for _, r := range sorted {
+				want = append(want, r.Key)
+			}
+			// One page, and pages of two.
+			r := c.get("/records?sort=" + url.QueryEscape(sortParam))
+			require.Equal(t, http.StatusOK, r.status, r.body)
+			assert.Equal(t, want, keys(r.body), sortParam)
+			var paged []string
+			path := "/records?limit=2&sort=" + url.QueryEscape(sortParam)
+			for pages := 0; path != ""; pages++ {
+				require.Less(t, pages, 20)
+				r := c.get(path)
+				require.Equal(t, http.StatusOK, r.status, r.body)
+				paged = append(paged, keys(r.body)...)
+				path = ""
+				if m := regexp.MustCompile(`<a href="([^"]*)" rel="next">`).FindStringSubmatch(r.body); m != nil {
+					path = html.UnescapeString(m[1])
+					assert.Contains(t, path, "sort="+url.QueryEscape(sortParam), "the next page keeps the sort")
+				}
+			}
+			assert.Equal(t, want, paged, "%s in pages of two", sortParam)
+		}
+		// The headers link to the sorts: ascending first, then the other
+		// way; the form offers them too.
+		header := func(body, label string) string {
+			m := regexp.MustCompile(`<a class="sort" href="([^"]*)">` + label).FindStringSubmatch(body)
+			require.NotNil(t, m, "no sort link on %s", label)
+			return html.UnescapeString(m[1])
+		}
+		r := c.get("/records?status=pending")
+		link := header(r.body, "Created")
+		assert.Contains(t, link, "sort=created")
+		assert.Contains(t, link, "status=pending", "a sort keeps the filter")
+		assert.Contains(t, r.body, `<option value="-updated"`)
+		r = c.get("/records?sort=created")
+		assert.Contains(t, header(r.body, "Created"), "sort=-created")
+		assert.Contains(t, header(r.body, "Updated"), "sort=updated")
+		assert.Contains(t, r.body, `<th aria-sort="ascending"><a class="sort"`)
+		assert.Contains(t, r.body, `<option value="created" selected>`)
+		assert.Contains(t, c.get("/records?sort=-created").body, `<th aria-sort="descending"><a class="sort"`)
+		for _, bad := range []string{"payload_hash", "created_at;drop", "Created", "--created", " created"} {
+			r := c.get("/records?sort=" + url.QueryEscape(bad))
+			assert.Equal(t, http.StatusBadRequest, r.status, bad)
+			assert.Contains(t, r.body, "is not one of", bad)
+		}
+		// A cursor of one order is refused in another.
+		first := c.get("/records?limit=2&sort=created")
+		m := regexp.MustCompile(`<a href="([^"]*)" rel="next">`).FindStringSubmatch(first.body)
+		require.NotNil(t, m)
+		next := strings.Replace(html.UnescapeString(m[1]), "sort=created", "sort=-created", 1)
+		assert.Equal(t, http.StatusBadRequest, c.get(next).status)
+	})
+}
+
+// TestOverviewActivity: the overview charts the records' outcomes over
+// time — completed, failed and pending, by when they last changed — as an
+// SVG the server renders, in hourly bars over a day or six-hour bars over
+// a week, under the same strict Content-Security-Policy: no script, no
+// inline style.
+func TestOverviewActivity(t *testing.T) {
+	eachKind(t, func(t *testing.T, kind testdb.Kind) {
+		b := setup(t, kind, console.Config{})
+		c := b.client(t)
+		barRe := regexp.MustCompile(`<g class="bar" data-start="([^"]+)" data-completed="(\d+)" data-failed="(\d+)" data-pending="(\d+)">`)
+		all, err := b.store.List(context.Background(), inbox.Filter{Limit: 1000})
+		require.NoError(t, err)
+		for window, w := range map[string]struct {
+			width time.Duration
+			n     int
+		}{"": {time.Hour, 24}, "24h": {time.Hour, 24}, "7d": {6 * time.Hour, 28}} {
+			path := "/"
+			if window != "" {
+				path += "?window=" + window
+			}
+			r := c.get(path)
+			require.Equal(t, http.StatusOK, r.status, r.body)
+			assert.Contains(t, r.body, `id="activity"`)
+			assert.NotContains(t, r.body, "<script")
+			assert.NotContains(t, r.body, " style=")
+			csp := r.header.Get("Content-Security-Policy")
+			assert.Equal(t, "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'", csp)
+			bars := barRe.FindAllStringSubmatch(r.body, -1)
+			require.Len(t, bars, w.n, window)
+			// The buckets end with the one that holds now, and each
+			// record counts in the bucket of its last change.
+			now := b.store.Now()
+			start := now.Truncate(w.width).Add(w.width - time.Duration(w.n)*w.width)
+			want := make([][3]int, w.n)
+			for _, rec := range all.Records {
+				i := int(rec.UpdatedAt.Sub(start) / w.width)
+				if rec.UpdatedAt.Before(start) || i >= w.n {
+					continue
+				}
+				switch rec.Status {
+				case inbox.StatusCompleted:
+					want[i][0]++
+				case inbox.StatusFailed:
+					want[i][1]++
+				case inbox.StatusPending:
+					want[i][2]++
+				}
+			}
+			for i, bar := range bars {
+				at, err := time.Parse(time.RFC3339, bar[1])
+				require.NoError(t, err)
+				assert.Equal(t, start.Add(time.Duration(i)*w.width).UTC(), at, "bar %d starts", i)
+				got := [3]int{}
+				for j := range got {
+					_, err := fmt.Sscan(bar[2+j], &got[j])
+					require.NoError(t, err)
+				}
+				assert.Equal(t, want[i], got, "%s bar %d (%s)", window, i, bar[1])
+			}
+		}
+		r := c.get("/?window=1y")
+		assert.Equal(t, http.StatusBadRequest, r.status)
+		assert.Contains(t, r.body, "window")
+	})
+}

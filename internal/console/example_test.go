@@ -58,9 +58,11 @@ func ExampleCheckBind() {
 	fmt.Println(console.CheckBind("0.0.0.0:8080", ""))
 	fmt.Println(console.CheckBind("0.0.0.0:8080", "s3cret"))
 	fmt.Println(console.CheckBind("0.0.0.0:8080", "8c1d3f0e6a9b47d2a5e4c7b8f1029d3e"))
+	fmt.Println(console.CheckBind("127.0.0.1:8080", "s3cret"))
 	// Output:
 	// <nil>
 	// console: a token of at least 16 bytes is required to listen beyond the loopback interface: 0.0.0.0 is not a loopback address; pass a token (--token or INBOXMILL_TOKEN; `openssl rand -hex 32` makes one) or bind to 127.0.0.1
-	// console: a token of at least 16 bytes is required to listen beyond the loopback interface: the token has 6 bytes, too few to guard 0.0.0.0; `openssl rand -hex 32` makes a good one
+	// console: a token of at least 16 bytes is required: the token has 6 bytes, too few to guard 0.0.0.0; `openssl rand -hex 32` makes a good one
 	// <nil>
+	// console: a token of at least 16 bytes is required: the token has 6 bytes, too few to guard 127.0.0.1; `openssl rand -hex 32` makes a good one
 }

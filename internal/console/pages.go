@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -58,6 +59,7 @@ type opCell struct {
 }
 
 type overviewView struct {
+	Activity  activityChart
 	Overview  inbox.Overview
 	Bars      []statusBar
 	ChartH    int
@@ -75,6 +77,15 @@ const (
 )
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
+	win, ok := activityWindows[q.Get("window")]
+	if !ok {
+		h.badInput(w, r, fmt.Sprintf("The window %q is not 24h or 7d.", q.Get("window")))
+		return
+	}
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	ov, err := h.store.Overview(ctx)
@@ -83,6 +94,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := overviewView{Overview: ov, Statuses: statuses, ChartH: chartRowH * len(statuses)}
+	v.Activity = h.activity(ctx, win, ov.Now)
 	byStatus := map[inbox.Status]int64{}
 	var max int64
 	var rows []opRow
@@ -141,6 +153,97 @@ type recordsView struct {
 	NextURL  string
 	Paged    bool // not the first page
 	FirstURL string
+	Headers  []sortHeader
+	Sorts    []sortOption
+}
+
+// sortHeader is a column header of the record list: a link to its sort
+// when it has one.
+type sortHeader struct {
+	Label string
+	Class string
+	URL   string // "" for a column the list does not sort by
+	// Sort is "ascending" or "descending" when the list is sorted by this
+	// column (aria-sort), "" otherwise.
+	Sort string
+}
+
+// sortOption is an entry of the filter form's sort menu.
+type sortOption struct {
+	Value, Label string
+	Selected     bool
+}
+
+// sorts are the values of the list's sort parameter, in the order the
+// menu offers them: a whitelist, each naming one store order.
+var sorts = []struct {
+	value, label string
+	order        inbox.ListOrder
+}{
+	{"", "key (scope, operation, key)", inbox.ListOrder{}},
+	{"created", "created, oldest first", inbox.ListOrder{Column: inbox.OrderByCreated}},
+	{"-created", "created, newest first", inbox.ListOrder{Column: inbox.OrderByCreated, Desc: true}},
+	{"updated", "updated, least recently first", inbox.ListOrder{Column: inbox.OrderByUpdated}},
+	{"-updated", "updated, most recently first", inbox.ListOrder{Column: inbox.OrderByUpdated, Desc: true}},
+	{"attempt", "attempt, lowest first", inbox.ListOrder{Column: inbox.OrderByAttempt}},
+	{"-attempt", "attempt, highest first", inbox.ListOrder{Column: inbox.OrderByAttempt, Desc: true}},
+}
+
+// parseSort returns the store order of a sort parameter.
+func parseSort(s string) (inbox.ListOrder, error) {
+	if s == "key" {
+		s = ""
+	}
+	var names []string
+	for _, o := range sorts {
+		if o.value == s {
+			return o.order, nil
+		}
+		if o.value != "" {
+			names = append(names, o.value)
+		}
+	}
+	return inbox.ListOrder{}, fmt.Errorf("sort %q is not one of key, %s", s, strings.Join(names, ", "))
+}
+
+// sortValue is the sort parameter of a store order.
+func sortValue(o inbox.ListOrder) string {
+	for _, s := range sorts {
+		if s.order == o {
+			return s.value
+		}
+	}
+	return ""
+}
+
+// headers returns the record list's column headers for filter f: the
+// created, updated and attempt columns link to their sort, ascending, or
+// descending when the list is sorted by them ascending already.
+func headers(f inbox.Filter) []sortHeader {
+	out := []sortHeader{{Label: "Status"}, {Label: "Operation"}, {Label: "Scope"}, {Label: "Key"}}
+	for _, c := range []struct {
+		label, class string
+		col          inbox.OrderColumn
+	}{{"Attempt", "n", inbox.OrderByAttempt}, {"Created", "", inbox.OrderByCreated}, {"Updated", "", inbox.OrderByUpdated}} {
+		h := sortHeader{Label: c.label, Class: c.class}
+		link := f
+		link.After = ""
+		link.Order = inbox.ListOrder{Column: c.col}
+		if f.Order.Column == c.col {
+			h.Sort = "ascending"
+			if f.Order.Desc {
+				h.Sort = "descending"
+			} else {
+				link.Order.Desc = true
+			}
+		}
+		h.URL = listURL(link)
+		out = append(out, h)
+	}
+	if f.Order == (inbox.ListOrder{}) {
+		out[3].Sort = "ascending" // the key
+	}
+	return append(out, sortHeader{Label: "Lease"})
 }
 
 // listForm is the filter as the form shows it.
@@ -152,10 +255,14 @@ type listForm struct {
 	OlderThan    string
 	AttemptAbove string
 	Limit        string
+	Sort         string
 }
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
 	if d := strings.TrimSpace(q.Get("digest")); d != "" {
 		h.findDigest(w, r, d, strings.TrimSpace(q.Get("operation")))
 		return
@@ -163,9 +270,9 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	form := listForm{
 		Status: q.Get("status"), Operation: q.Get("operation"), Scope: q.Get("scope"),
 		ByScope: q.Get("byscope") != "", OlderThan: q.Get("older_than"), AttemptAbove: q.Get("attempt_above"),
-		Limit: q.Get("limit"),
+		Limit: q.Get("limit"), Sort: q.Get("sort"),
 	}
-	v := recordsView{Form: form}
+	v := recordsView{Form: form, Headers: headers(inbox.Filter{}), Sorts: sortOptions(form.Sort)}
 	f, err := parseFilter(q, h.cfg.PageSize)
 	if err != nil {
 		h.render(w, r, http.StatusBadRequest, "records", &view{Title: "Records", Nav: "records", Error: err.Error(), Data: v})
@@ -182,7 +289,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		h.storeFailed(w, r, "listing records", err)
 		return
 	}
-	v.Records, v.Now = page.Records, h.store.Now()
+	v.Records, v.Now, v.Headers = page.Records, h.store.Now(), headers(f)
 	if page.Next != "" {
 		next := f
 		next.After = page.Next
@@ -194,6 +301,15 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		v.Paged, v.FirstURL = true, listURL(first)
 	}
 	h.render(w, r, http.StatusOK, "records", &view{Title: "Records", Nav: "records", Data: v})
+}
+
+// sortOptions are the sort menu's entries, with selected chosen.
+func sortOptions(selected string) []sortOption {
+	var out []sortOption
+	for _, s := range sorts {
+		out = append(out, sortOption{Value: s.value, Label: s.label, Selected: s.value == selected})
+	}
+	return out
 }
 
 // parseFilter reads a list filter from the query, reporting every bad
@@ -222,6 +338,11 @@ func parseFilter(q url.Values, pageSize int) (inbox.Filter, error) {
 		}
 		f.AttemptAbove = n
 	}
+	if o, err := parseSort(q.Get("sort")); err != nil {
+		errs = append(errs, err)
+	} else {
+		f.Order = o
+	}
 	if s := strings.TrimSpace(q.Get("limit")); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > maxLimit {
@@ -233,18 +354,41 @@ func parseFilter(q url.Values, pageSize int) (inbox.Filter, error) {
 }
 
 // parseAge reads a duration as time.ParseDuration does, plus a number of
-// days ("2d").
+// days written in decimal ("2d", "1.5d"). It refuses a negative one and
+// one too long for a time.Duration (about 292 years), which a conversion
+// from days would silently wrap.
 func parseAge(s string) (time.Duration, error) {
-	if n, ok := strings.CutSuffix(s, "d"); ok {
-		if days, err := strconv.ParseFloat(n, 64); err == nil && days >= 0 {
-			return time.Duration(days * float64(24*time.Hour)), nil
+	bad := fmt.Errorf("older than %q is not a duration such as 90s, 15m, 2h or 3d (from 0 to 106,751 days)", s)
+	if n, ok := strings.CutSuffix(s, "d"); ok && decimal(n) {
+		days, err := strconv.ParseFloat(n, 64)
+		if err != nil || days*float64(24*time.Hour) >= math.MaxInt64 {
+			return 0, bad
 		}
+		return time.Duration(days * float64(24*time.Hour)), nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < 0 {
-		return 0, fmt.Errorf("older than %q is not a duration such as 90s, 15m, 2h or 3d", s)
+		return 0, bad
 	}
 	return d, nil
+}
+
+// decimal reports whether s is digits with at most one decimal point
+// between them: no sign, exponent, hexadecimal or underscore, which
+// strconv.ParseFloat would take.
+func decimal(s string) bool {
+	digits, point := 0, false
+	for i, c := range s {
+		switch {
+		case c >= '0' && c <= '9':
+			digits++
+		case c == '.' && !point && i > 0 && i < len(s)-1:
+			point = true
+		default:
+			return false
+		}
+	}
+	return digits > 0
 }
 
 // listURL is the link to the record list with filter f.
@@ -270,6 +414,7 @@ func listURL(f inbox.Filter) string {
 	if f.Limit > 0 {
 		q.Set("limit", strconv.Itoa(f.Limit))
 	}
+	set("sort", sortValue(f.Order))
 	set("after", f.After)
 	if len(q) == 0 {
 		return "/records"
@@ -301,7 +446,10 @@ type actionForm struct {
 }
 
 func (h *handler) recordByID(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
 	id := inbox.ID{Scope: q.Get("scope"), Operation: q.Get("operation"), Key: q.Get("key")}
 	if err := id.Validate(); err != nil {
 		h.render(w, r, http.StatusBadRequest, "error", &view{Title: "Bad record", Error: "This link does not name a record: " + err.Error()})
@@ -311,9 +459,13 @@ func (h *handler) recordByID(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) recordByDigest(w http.ResponseWriter, r *http.Request) {
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	rec, err := h.store.FindByDigest(ctx, r.PathValue("digest"), r.URL.Query().Get("operation"))
+	rec, err := h.store.FindByDigest(ctx, r.PathValue("digest"), q.Get("operation"))
 	if err != nil {
 		h.digestFailed(w, r, err)
 		return
@@ -407,7 +559,10 @@ type auditView struct {
 var auditActions = map[string]bool{"": true, "resolve": true, "forget": true, "purge": true}
 
 func (h *handler) audit(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := h.query(w, r)
+	if !ok {
+		return
+	}
 	action := q.Get("action")
 	v := auditView{Action: action}
 	if q.Get("key") != "" {

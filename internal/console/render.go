@@ -34,7 +34,7 @@ type view struct {
 
 type pages struct{ byName map[string]*template.Template }
 
-var pageNames = []string{"overview", "records", "record", "audit", "login", "error"}
+var pageNames = []string{"overview", "records", "record", "audit", "login", "error", "confirm"}
 
 func loadPages() (*pages, error) {
 	p := &pages{byName: map[string]*template.Template{}}
@@ -69,7 +69,10 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 }
 
 func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
-	if !h.authenticated(r) {
+	if ok, wait := h.authenticate(r); wait > 0 {
+		h.tooMany(w, r, wait)
+		return
+	} else if !ok {
 		h.unauthorized(w, r, "")
 		return
 	}

@@ -66,7 +66,7 @@ func TestHostCheck(t *testing.T) {
 	c := b.client(t)
 	c.host = "localhost" + port
 	tok = c.csrf(recordPath(b.seed.failed))
-	r = c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "x"))
+	r = c.post("/record/forget", actionForm(b.seed.failed, tok, "reason", "x", "confirm", "yes"))
 	assert.Equal(t, http.StatusSeeOther, r.status, r.body)
 
 	// With a token, which every request must carry, any name will do: the
@@ -199,4 +199,53 @@ func TestMetricsCache(t *testing.T) {
 
 	_, err = console.New(console.Config{Store: b.store, MetricsMaxAge: -time.Second})
 	require.ErrorIs(t, err, console.ErrInvalidConfig)
+}
+
+// TestOriginCheck: a state-changing request whose Origin is another site
+// is refused even with the login cookie and a valid CSRF token, as an
+// older browser that sends no Sec-Fetch-Site headers would send a hostile
+// page's form. The console's own origin passes.
+func TestOriginCheck(t *testing.T) {
+	t.Parallel()
+	const token = "origin-test-token-0123456789"
+	b := setup(t, testdb.SQLite, console.Config{Token: token})
+	c := b.client(t)
+	tok := c.csrf("/login")
+	require.Equal(t, http.StatusSeeOther, c.post("/login", map[string][]string{"token": {token}, "csrf_token": {tok}}).status)
+	tok = c.csrf(recordPath(b.seed.failed))
+
+	posts := []struct {
+		path string
+		form map[string][]string
+	}{
+		{"/record/forget", actionForm(b.seed.failed, tok, "reason", "x", "mode", "apply", "confirm", "yes")},
+		{"/record/resolve", actionForm(b.seed.pending, tok, "to", "completed", "reason", "x", "mode", "apply")},
+		{"/login", map[string][]string{"token": {token}, "csrf_token": {tok}}},
+		{"/logout", map[string][]string{"csrf_token": {tok}}},
+	}
+	for _, origin := range []string{"https://evil.example", "http://evil.example", "null", "http://localhost.evil.example",
+		strings.Replace(b.srv.URL, "127.0.0.1", "localhost", 1), "garbage"} {
+		c.header.Set("Origin", origin)
+		for _, p := range posts {
+			r := c.post(p.path, p.form)
+			assert.Equal(t, http.StatusForbidden, r.status, "%s from %s", p.path, origin)
+			assert.Contains(t, r.body, "another site", "%s from %s", p.path, origin)
+		}
+	}
+	assert.Equal(t, inbox.StatusFailed, b.record(t, b.seed.failed).Status)
+	assert.Equal(t, inbox.StatusPending, b.record(t, b.seed.pending).Status)
+	assert.Empty(t, b.audit(t, b.seed.failed))
+	assert.Contains(t, b.logs.String(), "another site")
+	// Reading needs no Origin check: a link followed from another site
+	// still opens a page.
+	assert.Equal(t, http.StatusOK, c.get("/").status)
+
+	// The console's own origin, as a browser sends it with its forms.
+	c.header.Set("Origin", b.srv.URL)
+	r := c.post("/record/forget", posts[0].form)
+	assert.Equal(t, http.StatusSeeOther, r.status, r.body)
+	// No Origin at all: a client that is not a browser.
+	c.header.Del("Origin")
+	r = c.post("/record/resolve", posts[1].form)
+	assert.Equal(t, http.StatusSeeOther, r.status, r.body)
 }

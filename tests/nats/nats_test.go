@@ -100,8 +100,11 @@ func (transport) NewSubscriber(s tt.Spec) (message.Subscriber, error) {
 			return c, nil, err
 		},
 		// AckWait runs from delivery to the client's buffer: keep the
-		// buffer small enough to be handled within it.
-		ConsumeOptions: []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(8)},
+		// buffer small enough to be handled within it. A closed member's
+		// pull requests stay on the server until they expire, and what
+		// was in flight at a close came back only after about that long
+		// (30 s by default; see TestCloseMidStream and docs/transports.md).
+		ConsumeOptions: []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(8), jetstream.PullExpiry(5 * time.Second)},
 	})
 }
 
