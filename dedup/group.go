@@ -306,23 +306,25 @@ func (g *grouper) seal(gr *group) {
 func (g *grouper) lead(gr *group) {
 	g.slots.take() // freed by drive
 	var expired <-chan time.Time
-	if g.cfg.MaxLinger > 0 {
-		t := time.NewTimer(g.cfg.MaxLinger)
-		defer t.Stop()
-		expired = t.C
-	}
+	lingering := g.cfg.MaxLinger > 0
 	for {
 		g.mu.Lock()
-		if g.open != gr || len(gr.members) >= g.busy-g.held || expired == nil {
+		if g.open != gr || len(gr.members) >= g.busy-g.held || !lingering {
 			g.seal(gr)
 			g.mu.Unlock()
 			break
 		}
 		g.mu.Unlock()
+		if expired == nil {
+			// Made only for a group that waits: most never do.
+			t := time.NewTimer(g.cfg.MaxLinger)
+			defer t.Stop()
+			expired = t.C
+		}
 		select {
 		case <-gr.kick:
 		case <-expired:
-			expired = nil
+			lingering = false
 		}
 	}
 	members := gr.members // sealed: nobody appends any more

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -154,9 +155,10 @@ func (s *Store) prepareClaims(ctx context.Context, q DBTX, ps []ClaimParams, lea
 	if len(ps) > MaxClaimMany {
 		return nil, fmt.Errorf("inbox: %s: %d claims, more than %d", what, len(ps), MaxClaimMany)
 	}
-	cs := &claimSet{s: s, ps: ps, out: make([]ClaimResult, len(ps)), now: s.now(), followers: map[int]int{}}
+	cs := &claimSet{s: s, ps: ps, out: make([]ClaimResult, len(ps)), now: s.now()}
 	now := cs.now
 	claims := make([]*claim, 0, len(ps))
+	backing := make([]claim, 0, len(ps)) // the claims, in one allocation
 	for i, p := range ps {
 		var lease leaseOf
 		if leases != nil {
@@ -178,11 +180,12 @@ func (s *Store) prepareClaims(ctx context.Context, q DBTX, ps []ClaimParams, lea
 			cs.out[i].Err = err
 			continue
 		}
-		c := &claim{i: i, p: params{
+		backing = append(backing, claim{i: i, p: params{
 			id: p.ID, payloadHash: p.PayloadHash, status: p.Status,
 			correlationID: storableCorrelationID(p.CorrelationID), errS: StorableText(p.Error, MaxErrorLen),
 			createdAt: now, updatedAt: now, expiresAt: expiry(now, p.Retention),
-		}}
+		}})
+		c := &backing[len(backing)-1]
 		if leases != nil {
 			c.p.leaseOwner, c.p.leaseUntil = lease.owner, dbTime(now.Add(lease.lease))
 		}
@@ -201,26 +204,46 @@ func (s *Store) prepareClaims(ctx context.Context, q DBTX, ps []ClaimParams, lea
 		claims = append(claims, c)
 	}
 	slices.SortStableFunc(claims, func(a, b *claim) int { return compareID(a.p.id, b.p.id) })
-	// Later occurrences of a key follow the first.
-	cs.uniq = claims[:0:0]
+	// Later occurrences of a key follow the first. uniq reuses claims'
+	// array: it never gets ahead of the loop.
+	cs.uniq = claims[:0]
 	for _, c := range claims {
 		if n := len(cs.uniq); n > 0 && cs.uniq[n-1].p.id == c.p.id {
+			if cs.followers == nil {
+				cs.followers = map[int]int{}
+			}
 			cs.followers[c.i] = cs.uniq[n-1].i
 			continue
 		}
 		cs.uniq = append(cs.uniq, c)
 	}
-	cs.byID = make(map[ID]*claim, len(cs.uniq))
-	for _, c := range cs.uniq {
-		cs.byID[c.p.id] = c
-	}
 	return cs, nil
+}
+
+// lookup returns the claim of id, if ClaimMany claims it.
+func (cs *claimSet) lookup(id ID) *claim {
+	if len(cs.uniq) <= 4 {
+		// A few keys: a scan costs less than building the map.
+		for _, c := range cs.uniq {
+			if c.p.id == id {
+				return c
+			}
+		}
+		return nil
+	}
+	if cs.byID == nil {
+		cs.byID = make(map[ID]*claim, len(cs.uniq))
+		for _, c := range cs.uniq {
+			cs.byID[c.p.id] = c
+		}
+	}
+	return cs.byID[id]
 }
 
 // found records the existing records read for held keys.
 func (cs *claimSet) found(recs []*Record) {
 	for _, rec := range recs {
-		c := cs.byID[rec.ID]
+		c := cs.lookup(rec.ID)
 		if c == nil {
 			continue
 		}
@@ -303,7 +326,7 @@ func (cs *claimSet) claim(ctx context.Context, q DBTX, todo []*claim, inserted [
 			}
 		}
 		for _, id := range inserted {
-			if c := cs.byID[id]; c != nil {
+			if c := cs.lookup(id); c != nil {
 				cs.inserted(c)
 			}
 		}
@@ -394,11 +417,11 @@ func paramsOf[T any](xs []T, f func(T) *params) []*params {
 
 // insertMany and selectMany are the dialect's statements for rows
 // records, rendered for the store's table.
-func (s *Store) insertMany(rows int) RowsQuery { return s.dialect.Queries(s.table).InsertMany(rows) }
+func (s *Store) insertMany(rows int) RowsQuery { return s.rows.insert.get(rows, s.dq.InsertMany) }
 
 // selectMany reads the records of ps's IDs.
 func (s *Store) selectMany(ctx context.Context, q DBTX, ps []*params) ([]*Record, error) {
-	st := s.dialect.Queries(s.table).SelectMany(len(ps))
+	st := s.rows.sel.get(len(ps), s.dq.SelectMany)
 	args, err := s.bindRows(st, ps)
 	if err != nil {
 		return nil, err
@@ -449,4 +472,29 @@ func (s *Store) bindRows(st RowsQuery, ps []*params) ([]any, error) {
 		}
 	}
 	return args, nil
+}
+
+// rowsQueryCache keeps the statements over several records by row count,
+// up to rowsCached rows: their text is built once per count and store,
+// not once per group.
+type rowsQueryCache struct {
+	insert, sel, finish rowsQueries
+}
+
+// rowsCached is the most rows whose statements are kept: a group's
+// default maximum.
+const rowsCached = 64
+
+type rowsQueries [rowsCached + 1]atomic.Pointer[RowsQuery]
+
+func (c *rowsQueries) get(rows int, build func(int) RowsQuery) RowsQuery {
+	if rows < 0 || rows > rowsCached {
+		return build(rows)
+	}
+	if q := c[rows].Load(); q != nil {
+		return *q
+	}
+	q := build(rows)
+	c[rows].Store(&q)
+	return q
 }

@@ -216,7 +216,7 @@ func (s *Store) CompleteMany(ctx context.Context, cs []Completion) []error {
 // finishMany runs the dialect's FinishMany for ps (sorted by ID) in
 // autocommit and returns the IDs it moved.
 func (s *Store) finishMany(ctx context.Context, ps []*params) (map[ID]bool, error) {
-	st := s.dialect.Queries(s.table).FinishMany(len(ps))
+	st := s.rows.finish.get(len(ps), s.dq.FinishMany)
 	args, err := s.bindRows(st, ps)
 	if err != nil {
 		return nil, err

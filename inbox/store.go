@@ -112,6 +112,8 @@ type Store struct {
 	caps    Capabilities
 	table   string
 	q       queries
+	dq      Queries // the dialect's, for the statements whose text depends on a row count
+	rows    rowsQueryCache
 	clock   func() time.Time
 	stmts   stmtCache
 	sync    clockSync
@@ -146,6 +148,7 @@ func NewStore(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 		caps:    dialect.Capabilities(),
 		table:   cfg.Table,
 		q:       q,
+		dq:      dialect.Queries(cfg.Table),
 		clock:   cfg.Now,
 	}
 	if err := s.initPartitions(); err != nil {

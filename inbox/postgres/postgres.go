@@ -394,7 +394,17 @@ var rowArgs = []inbox.Arg{inbox.ArgScope, inbox.ArgOperation, inbox.ArgKey, inbo
 	inbox.ArgCorrelationID, inbox.ArgError, inbox.ArgCreatedAt, inbox.ArgUpdatedAt, inbox.ArgExpiresAt,
 	inbox.ArgLeaseOwner, inbox.ArgLeaseUntil}
 
-func (q queries) InsertMany(int) inbox.RowsQuery {
+func (q queries) InsertMany(rows int) inbox.RowsQuery {
+	if rows == 1 {
+		// One row binds its values as they are: no arrays to build and
+		// parse, the commonest group of all.
+		return inbox.RowsQuery{SQL: inbox.MustRenderSQL(`INSERT INTO "{{table}}" (scope, operation, key, payload_hash, status, attempt,
+	correlation_id, error, created_at, updated_at, expires_at, lease_owner, lease_until)
+VALUES ($1::text, $2::text, $3::text, $4::bytea, $5::text, 1, NULLIF($6::text, ''), NULLIF($7::text, ''),
+	$8::timestamptz, $9::timestamptz, $10::timestamptz, NULLIF($11::text, ''), $12::timestamptz)
+ON CONFLICT (scope, operation, key) DO NOTHING
+RETURNING scope, operation, key`, q.t), RowArgs: rowArgs, Returning: true}
+	}
 	// ORDER BY the primary key: rows are inserted, and their keys locked,
 	// in one order in every transaction, so two claiming transactions wait
 	// for each other instead of deadlocking.
@@ -436,7 +446,11 @@ WHERE t.scope = r.scope AND t.operation = r.operation AND t.key = r.key
 RETURNING t.scope, t.operation, t.key`, table)
 }
 
-func (q queries) SelectMany(int) inbox.RowsQuery {
+func (q queries) SelectMany(rows int) inbox.RowsQuery {
+	if rows == 1 {
+		return inbox.RowsQuery{SQL: inbox.MustRenderSQL(`SELECT `+qualified+` FROM "{{table}}" AS t
+WHERE t.scope = $1 AND t.operation = $2 AND t.key = $3`, q.t), RowArgs: idArgs}
+	}
 	return inbox.RowsQuery{SQL: inbox.MustRenderSQL(`SELECT `+qualified+` FROM "{{table}}" AS t
 JOIN unnest($1::text[], $2::text[], $3::text[]) AS r(scope, operation, key)
 	ON t.scope = r.scope AND t.operation = r.operation AND t.key = r.key`, q.t),

@@ -233,7 +233,8 @@ func planGrouped(ctx context.Context, f *fixture, pipe pipeline.Opener, h messag
 		return f.expectRows(ctx, f.effects, total)
 	}, note: func() string {
 		gs := d.GroupStats()
-		return fmt.Sprintf("%d groups, %.1f members each", gs.Groups, float64(gs.Members)/float64(max(gs.Groups, 1)))
+		return fmt.Sprintf("%d groups, %.1f members each, %d alone; coordinators %d (0: unbounded), %d trials, %d kept",
+			gs.Groups, float64(gs.Members)/float64(max(gs.Groups, 1)), gs.Solo, gs.Coordinators, gs.Trials, gs.Kept)
 	}}, nil
 }
 
@@ -267,9 +268,10 @@ func planReserve(ctx context.Context, f *fixture, batch *dedup.Batch) (plan, err
 	if batch != nil {
 		p.note = func() string {
 			bs := d.BatchStats()
-			return fmt.Sprintf("%.1f reservations per statement, %.1f completions per statement",
+			return fmt.Sprintf("%.1f reservations per statement, %.1f completions per statement; statements %d and %d (0: unbounded), %d trials, %d kept",
 				float64(bs.Reservations)/float64(max(bs.ReserveBatches, 1)),
-				float64(bs.Completions)/float64(max(bs.CompleteBatches, 1)))
+				float64(bs.Completions)/float64(max(bs.CompleteBatches, 1)),
+				bs.ReserveStatements, bs.CompleteStatements, bs.Trials, bs.Kept)
 		}
 	}
 	return p, nil
