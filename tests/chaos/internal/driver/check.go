@@ -44,52 +44,22 @@ type result struct {
 // effect with the event's first payload.
 func (m *modeRun) check(ctx context.Context) {
 	res := &m.res
-	res.publishedEventIDs = map[string]bool{}
-	res.publishedConflicts = map[string]bool{}
-	for _, chunk := range m.st.chunks[:m.nextChunk] {
-		for _, sm := range chunk {
-			res.messages++
-			res.byKind[sm.kind]++
-			switch sm.kind {
-			case kindOriginal:
-				res.publishedEventIDs[sm.ev.id] = true
-			case kindConflict:
-				res.publishedConflicts[sm.ev.id] = true
-			}
-		}
-	}
-	res.events = len(res.publishedEventIDs)
-	res.conflicts = len(res.publishedConflicts)
 	res.stats = m.sumStats()
-	if err := m.checkEffects(ctx); err != nil {
+	effects, err := m.readEffects(ctx)
+	if err != nil {
 		res.checkErr = err
 		m.fail("reading the effects: %v", err)
 	}
+	poison, err := m.readPoison(ctx)
+	if err != nil {
+		m.fail("reading the poison topic: %v", err)
+	}
+	res.judge(m.st, m.st.chunks[:m.nextChunk], effects, poison)
 	if err := m.checkInbox(ctx); err != nil {
 		m.fail("reading the inbox: %v", err)
 	}
-	if err := m.checkPoison(ctx); err != nil {
-		m.fail("reading the poison topic: %v", err)
-	}
-
-	if res.duplicated > 0 {
-		m.fail("%d duplicated effects: events whose effect happened more than once", res.duplicated)
-	}
-	if res.lost > 0 {
-		m.fail("%d events lost: published, no effect", res.lost)
-	}
-	if res.wrongPayload > 0 {
-		m.fail("%d effects made with a conflicting payload instead of the event's first", res.wrongPayload)
-	}
-	if res.unknown > 0 {
-		m.fail("%d effects of events that were never published", res.unknown)
-	}
-	if res.conflictsRouted != res.conflicts {
-		m.fail("%d conflicting payloads published, %d found refused on the poison topic", res.conflicts, res.conflictsRouted)
-	}
-	if res.unexpectedPoison > 0 || res.refusedOriginals > 0 {
-		m.fail("poison topic: %d messages of events without a conflict, %d first payloads refused",
-			res.unexpectedPoison, res.refusedOriginals)
+	for _, f := range res.verdicts() {
+		m.fail("%s", f)
 	}
 	if res.unfinished > 0 || (res.checkErr == nil && res.records != res.events) {
 		m.fail("inbox: %d records for %d events, %d not completed", res.records, res.events, res.unfinished)
@@ -109,41 +79,47 @@ func (m *modeRun) check(ctx context.Context) {
 	}
 }
 
-func (m *modeRun) checkEffects(ctx context.Context) error {
-	res := &m.res
-	type row struct {
-		id     string
-		amount int
-		n      int
-	}
-	var rows []row
-	if m.prov != nil {
-		charges, doubles, faults := m.prov.ledger()
-		res.doubleCharged, res.faults = doubles, faults
-		for _, c := range charges {
-			rows = append(rows, row{c.EventID, c.Amount, 1})
-		}
-	} else {
-		q, err := m.db.db.QueryContext(ctx, `SELECT event_id, amount, count(*) FROM `+m.effectsTable+` GROUP BY event_id, amount`)
-		if err != nil {
-			return err
-		}
-		defer q.Close()
-		for q.Next() {
-			var r row
-			if err := q.Scan(&r.id, &r.amount, &r.n); err != nil {
-				return err
+// effectRow is one group of equal effects: n effects of event id made with
+// amount.
+type effectRow struct {
+	id     string
+	amount int
+	n      int
+}
+
+// poisonMsg is one message of the poison topic: the event and the amount
+// of the payload that was refused.
+type poisonMsg struct {
+	id     string
+	amount int
+}
+
+// judge counts, from what was published, the effects and the poison
+// topic, the effects of each event, the payloads they were made with and
+// the payloads refused. It reads nothing: what it decides can be tested
+// on constructed cases.
+func (res *result) judge(st *stream, published [][]streamMsg, effects []effectRow, poison []poisonMsg) {
+	res.publishedEventIDs = map[string]bool{}
+	res.publishedConflicts = map[string]bool{}
+	for _, chunk := range published {
+		for _, sm := range chunk {
+			res.messages++
+			res.byKind[sm.kind]++
+			switch sm.kind {
+			case kindOriginal:
+				res.publishedEventIDs[sm.ev.id] = true
+			case kindConflict:
+				res.publishedConflicts[sm.ev.id] = true
 			}
-			rows = append(rows, r)
-		}
-		if err := q.Err(); err != nil {
-			return err
 		}
 	}
+	res.events = len(res.publishedEventIDs)
+	res.conflicts = len(res.publishedConflicts)
+
 	counts := map[string]int{}
-	for _, r := range rows {
+	for _, r := range effects {
 		res.effects += r.n
-		ev := m.st.byID[r.id]
+		ev := st.byID[r.id]
 		if ev == nil || !res.publishedEventIDs[r.id] {
 			res.unknown += r.n
 			continue
@@ -161,7 +137,75 @@ func (m *modeRun) checkEffects(ctx context.Context) error {
 			res.duplicated += c - 1
 		}
 	}
-	return nil
+
+	routed := map[string]bool{}
+	for _, pm := range poison {
+		res.poisonMessages++
+		other, conflicting := st.conflicts[pm.id]
+		switch {
+		case !conflicting || !res.publishedConflicts[pm.id]:
+			res.unexpectedPoison++
+		case pm.amount != other:
+			res.refusedOriginals++
+		default:
+			routed[pm.id] = true
+		}
+	}
+	res.conflictsRouted = len(routed)
+}
+
+// verdicts are the failures judge's counts show.
+func (res *result) verdicts() []string {
+	var out []string
+	if res.duplicated > 0 {
+		out = append(out, fmt.Sprintf("%d duplicated effects: events whose effect happened more than once", res.duplicated))
+	}
+	if res.lost > 0 {
+		out = append(out, fmt.Sprintf("%d events lost: published, no effect", res.lost))
+	}
+	if res.wrongPayload > 0 {
+		out = append(out, fmt.Sprintf("%d effects made with a conflicting payload instead of the event's first", res.wrongPayload))
+	}
+	if res.unknown > 0 {
+		out = append(out, fmt.Sprintf("%d effects of events that were never published", res.unknown))
+	}
+	if res.conflictsRouted != res.conflicts {
+		out = append(out, fmt.Sprintf("%d conflicting payloads published, %d found refused on the poison topic",
+			res.conflicts, res.conflictsRouted))
+	}
+	if res.unexpectedPoison > 0 || res.refusedOriginals > 0 {
+		out = append(out, fmt.Sprintf("poison topic: %d messages of events without a conflict, %d first payloads refused",
+			res.unexpectedPoison, res.refusedOriginals))
+	}
+	return out
+}
+
+// readEffects reads the effects: the business table's rows, or the
+// provider's charges.
+func (m *modeRun) readEffects(ctx context.Context) ([]effectRow, error) {
+	res := &m.res
+	var rows []effectRow
+	if m.prov != nil {
+		charges, doubles, faults := m.prov.ledger()
+		res.doubleCharged, res.faults = doubles, faults
+		for _, c := range charges {
+			rows = append(rows, effectRow{c.EventID, c.Amount, 1})
+		}
+		return rows, nil
+	}
+	q, err := m.db.db.QueryContext(ctx, `SELECT event_id, amount, count(*) FROM `+m.effectsTable+` GROUP BY event_id, amount`)
+	if err != nil {
+		return nil, err
+	}
+	defer q.Close()
+	for q.Next() {
+		var r effectRow
+		if err := q.Scan(&r.id, &r.amount, &r.n); err != nil {
+			return nil, err
+		}
+		rows = append(rows, r)
+	}
+	return rows, q.Err()
 }
 
 func (m *modeRun) checkInbox(ctx context.Context) error {
@@ -189,8 +233,8 @@ func (m *modeRun) checkInbox(ctx context.Context) error {
 	return q.Err()
 }
 
-func (m *modeRun) checkPoison(ctx context.Context) error {
-	res := &m.res
+// readPoison reads the poison topic.
+func (m *modeRun) readPoison(ctx context.Context) ([]poisonMsg, error) {
 	// Another mode may restart the broker while this one reads: try again.
 	var (
 		msgs []*sarama.ConsumerMessage
@@ -204,26 +248,15 @@ func (m *modeRun) checkPoison(ctx context.Context) error {
 		time.Sleep(time.Second)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	routed := map[string]bool{}
+	out := make([]poisonMsg, 0, len(msgs))
 	for _, pm := range msgs {
-		res.poisonMessages++
-		id := header(pm, wire.MetaEventID)
 		var ev wire.Event
 		_ = json.Unmarshal(pm.Value, &ev)
-		other, conflicting := m.st.conflicts[id]
-		switch {
-		case !conflicting || !res.publishedConflicts[id]:
-			res.unexpectedPoison++
-		case ev.Amount != other:
-			res.refusedOriginals++
-		default:
-			routed[id] = true
-		}
+		out = append(out, poisonMsg{id: header(pm, wire.MetaEventID), amount: ev.Amount})
 	}
-	res.conflictsRouted = len(routed)
-	return nil
+	return out, nil
 }
 
 // report prints the mode's summary lines.
