@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,13 +19,17 @@ type result struct {
 	byKind             [4]int
 	effects            int
 	duplicated, lost   int
-	wrongPayload       int // effects made with a payload other than the event's first
+	wrongPayload       int // effects made with a payload that came first on no partition of the topic
 	unknown            int // effects of events never published
 	conflicts          int // conflicting payloads published (distinct events)
 	conflictsRouted    int // of those, distinct events found on the poison topic with the conflicting payload
 	poisonMessages     int
 	unexpectedPoison   int // poison messages for events without a conflicting payload
-	refusedOriginals   int // poison messages carrying an event's first payload
+	refusedFirst       int // poison messages carrying the payload the event's effect was made with
+	topicMessages      int // messages read back from the topic
+	notOnTopic         int // published payloads (event and amount) not found on the topic
+	conflictFirst      int // events whose conflicting payload came first on every partition
+	undecided          int // events whose payloads came first on different partitions
 	records            int
 	unfinished         int // inbox records not completed
 	retried            int // inbox records at attempt > 1 (reserve mode: taken over)
@@ -41,10 +46,17 @@ type result struct {
 // check counts, for every event published, its effects in the business
 // table (or the provider's ledger), its inbox record and what reached the
 // poison topic, and records a failure for anything that is not exactly one
-// effect with the event's first payload.
+// effect with the event's first payload — first as the topic, read back,
+// has it, not as it was published.
 func (m *modeRun) check(ctx context.Context) {
 	res := &m.res
 	res.stats = m.sumStats()
+	published := m.st.chunks[:m.nextChunk]
+	topic, err := m.readTopic(ctx)
+	if err != nil {
+		m.fail("reading the topic back: %v", err)
+		topic = publishOrder(published) // the best guess left
+	}
 	effects, err := m.readEffects(ctx)
 	if err != nil {
 		res.checkErr = err
@@ -54,7 +66,7 @@ func (m *modeRun) check(ctx context.Context) {
 	if err != nil {
 		m.fail("reading the poison topic: %v", err)
 	}
-	res.judge(m.st, m.st.chunks[:m.nextChunk], effects, poison)
+	res.judge(m.st, published, topic, effects, poison)
 	if err := m.checkInbox(ctx); err != nil {
 		m.fail("reading the inbox: %v", err)
 	}
@@ -94,11 +106,14 @@ type poisonMsg struct {
 	amount int
 }
 
-// judge counts, from what was published, the effects and the poison
-// topic, the effects of each event, the payloads they were made with and
-// the payloads refused. It reads nothing: what it decides can be tested
-// on constructed cases.
-func (res *result) judge(st *stream, published [][]streamMsg, effects []effectRow, poison []poisonMsg) {
+// judge counts, from what was published, what the topic holds, the
+// effects and the poison topic, the effects of each event, the payloads
+// they were made with and the payloads refused. Which payload of an event
+// is its first, the one that must make the effect while the other is
+// refused, the topic decides (onTopic.mayWin): a broker restart can land a
+// retried first payload after the conflicting one. judge reads nothing:
+// what it decides can be tested on constructed cases.
+func (res *result) judge(st *stream, published [][]streamMsg, topic *topicOrder, effects []effectRow, poison []poisonMsg) {
 	res.publishedEventIDs = map[string]bool{}
 	res.publishedConflicts = map[string]bool{}
 	for _, chunk := range published {
@@ -116,7 +131,28 @@ func (res *result) judge(st *stream, published [][]streamMsg, effects []effectRo
 	res.events = len(res.publishedEventIDs)
 	res.conflicts = len(res.publishedConflicts)
 
+	res.topicMessages = topic.messages
+	missing := map[poisonMsg]bool{}
+	for _, chunk := range published {
+		for _, sm := range chunk {
+			if e := topic.events[sm.ev.id]; e == nil || !slices.Contains(e.amounts, sm.amount) {
+				missing[poisonMsg{sm.ev.id, sm.amount}] = true
+			}
+		}
+	}
+	res.notOnTopic = len(missing)
+	for id := range res.publishedEventIDs {
+		switch e := topic.events[id]; {
+		case e == nil:
+		case len(e.firsts) > 1:
+			res.undecided++
+		case e.firsts[0] != st.byID[id].amount:
+			res.conflictFirst++
+		}
+	}
+
 	counts := map[string]int{}
+	made := map[string]int{} // the amount an event's effect was made with
 	for _, r := range effects {
 		res.effects += r.n
 		ev := st.byID[r.id]
@@ -125,7 +161,8 @@ func (res *result) judge(st *stream, published [][]streamMsg, effects []effectRo
 			continue
 		}
 		counts[r.id] += r.n
-		if r.amount != ev.amount {
+		made[r.id] = r.amount
+		if e := topic.events[r.id]; e == nil || !e.mayWin(r.amount) {
 			res.wrongPayload += r.n
 		}
 	}
@@ -138,18 +175,31 @@ func (res *result) judge(st *stream, published [][]streamMsg, effects []effectRo
 		}
 	}
 
+	// The payload that must not be refused: the one the effect was made
+	// with, or, for an event without an effect (lost, and failed for
+	// that), the one first on every partition.
+	first := func(id string, e *onTopic) (int, bool) {
+		if a, ok := made[id]; ok {
+			return a, true
+		}
+		if len(e.firsts) == 1 {
+			return e.firsts[0], true
+		}
+		return 0, false
+	}
 	routed := map[string]bool{}
 	for _, pm := range poison {
 		res.poisonMessages++
-		other, conflicting := st.conflicts[pm.id]
-		switch {
-		case !conflicting || !res.publishedConflicts[pm.id]:
+		e := topic.events[pm.id]
+		if e == nil || len(e.amounts) < 2 || !slices.Contains(e.amounts, pm.amount) || !res.publishedConflicts[pm.id] {
 			res.unexpectedPoison++
-		case pm.amount != other:
-			res.refusedOriginals++
-		default:
-			routed[pm.id] = true
+			continue
 		}
+		if a, ok := first(pm.id, e); ok && a == pm.amount {
+			res.refusedFirst++
+			continue
+		}
+		routed[pm.id] = true
 	}
 	res.conflictsRouted = len(routed)
 }
@@ -164,7 +214,8 @@ func (res *result) verdicts() []string {
 		out = append(out, fmt.Sprintf("%d events lost: published, no effect", res.lost))
 	}
 	if res.wrongPayload > 0 {
-		out = append(out, fmt.Sprintf("%d effects made with a conflicting payload instead of the event's first", res.wrongPayload))
+		out = append(out, fmt.Sprintf("%d effects made with a payload that came first on no partition of the topic: a conflicting payload taken instead of the event's first",
+			res.wrongPayload))
 	}
 	if res.unknown > 0 {
 		out = append(out, fmt.Sprintf("%d effects of events that were never published", res.unknown))
@@ -173,9 +224,13 @@ func (res *result) verdicts() []string {
 		out = append(out, fmt.Sprintf("%d conflicting payloads published, %d found refused on the poison topic",
 			res.conflicts, res.conflictsRouted))
 	}
-	if res.unexpectedPoison > 0 || res.refusedOriginals > 0 {
-		out = append(out, fmt.Sprintf("poison topic: %d messages of events without a conflict, %d first payloads refused",
-			res.unexpectedPoison, res.refusedOriginals))
+	if res.unexpectedPoison > 0 || res.refusedFirst > 0 {
+		out = append(out, fmt.Sprintf("poison topic: %d messages of events without a conflict, %d refused with the payload their effect was made with",
+			res.unexpectedPoison, res.refusedFirst))
+	}
+	if res.notOnTopic > 0 {
+		out = append(out, fmt.Sprintf("%d published payloads (event and amount) not found on the topic read back (%d messages)",
+			res.notOnTopic, res.topicMessages))
 	}
 	return out
 }
@@ -233,6 +288,60 @@ func (m *modeRun) checkInbox(ctx context.Context) error {
 	return q.Err()
 }
 
+// readTopic reads the mode's topic back after the run: the Kafka topic
+// partition by partition, each in offset order, or the SQL queue's table
+// in offset order (its consumers take the first unacked row, one at a
+// time: one partition).
+func (m *modeRun) readTopic(ctx context.Context) (*topicOrder, error) {
+	if !m.isKafka() {
+		t := newTopicOrder()
+		q, err := m.db.db.QueryContext(ctx, `SELECT metadata, payload FROM `+m.queueTable()+` ORDER BY `+m.db.quote("offset"))
+		if err != nil {
+			return nil, err
+		}
+		defer q.Close()
+		for q.Next() {
+			var (
+				meta, payload []byte
+				md            map[string]string
+				ev            wire.Event
+			)
+			if err := q.Scan(&meta, &payload); err != nil {
+				return nil, err
+			}
+			_ = json.Unmarshal(meta, &md)
+			_ = json.Unmarshal(payload, &ev)
+			t.add(0, md[wire.MetaEventID], ev.Amount)
+		}
+		return t, q.Err()
+	}
+	// Another mode may restart the broker while this one reads: try again.
+	for attempt := 1; ; attempt++ {
+		t := newTopicOrder()
+		err := m.kafka.scan(ctx, m.topic, func(msg *sarama.ConsumerMessage) {
+			var ev wire.Event
+			_ = json.Unmarshal(msg.Value, &ev)
+			t.add(msg.Partition, header(msg, wire.MetaEventID), ev.Amount)
+		})
+		if err == nil || attempt == 10 || ctx.Err() != nil {
+			return t, err
+		}
+		m.r.printf("chaos: %s: reading the topic back (attempt %d): %v", m.label, attempt, err)
+		time.Sleep(time.Second)
+	}
+}
+
+// publishOrder is the topic as published, for when it cannot be read back.
+func publishOrder(published [][]streamMsg) *topicOrder {
+	t := newTopicOrder()
+	for _, chunk := range published {
+		for _, sm := range chunk {
+			t.add(sm.partition, sm.ev.id, sm.amount)
+		}
+	}
+	return t
+}
+
 // readPoison reads the poison topic.
 func (m *modeRun) readPoison(ctx context.Context) ([]poisonMsg, error) {
 	// Another mode may restart the broker while this one reads: try again.
@@ -284,6 +393,8 @@ func (m *modeRun) report() {
 	}
 	m.r.printf("  %s: stream: %d first deliveries, %d producer retries, %d republished later, %d conflicting; replay: %s",
 		m.label, res.byKind[kindOriginal], res.byKind[kindRetry], res.byKind[kindLater], res.byKind[kindConflict], replay)
+	m.r.printf("  %s: topic read back: %d messages; %d events with the conflicting payload first, %d with their payloads first on different partitions",
+		m.label, res.topicMessages, res.conflictFirst, res.undecided)
 	var self []string
 	for _, p := range wire.Points {
 		self = append(self, fmt.Sprintf("%s=%d", p, m.selfKills[p]))
