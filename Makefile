@@ -6,8 +6,8 @@ STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
 test: ## every test, race detector on, real databases (see scripts/test.sh)
 	scripts/test.sh
 
-test-short: ## SQLite and unit tests only; server tests skip when no server answers
-	go test ./...
+test-short: ## no servers: SQLite and the in-process Kafka broker only (scripts/test.sh --light)
+	scripts/test.sh --light
 
 bench: ## middleware against the plain handler on every database, with ratios
 	scripts/bench.sh

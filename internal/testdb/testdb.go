@@ -5,6 +5,11 @@
 // When a server does not answer, a test is skipped on a developer's machine
 // and fails when the CI environment variable is set: CI must never pass by
 // skipping the tests that matter.
+//
+// INBOXMILL_TEST_LIGHT=1 (scripts/test.sh --light) skips every server
+// database without trying it, so that a light run uses SQLite alone even
+// where servers answer. CI ignores it: with CI set the servers are used,
+// or their tests fail.
 package testdb
 
 import (
@@ -87,6 +92,9 @@ func Open(t testing.TB, kind Kind) *sql.DB {
 	if kind == SQLite {
 		return OpenSQLite(t, filepath.Join(t.TempDir(), "inbox.db"))
 	}
+	if Light() {
+		t.Skipf("%s: a light run (INBOXMILL_TEST_LIGHT, scripts/test.sh --light) uses no database server", kind)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if db, ok := shared[kind]; ok {
@@ -131,6 +139,10 @@ func unreachable(t testing.TB, kind Kind, err error) {
 	}
 	t.Skipf("%s is unreachable (set CI=1 to fail instead): %v", kind, err)
 }
+
+// Light reports whether this is a light run: INBOXMILL_TEST_LIGHT set and
+// CI not, since CI must never pass by skipping.
+func Light() bool { return os.Getenv("INBOXMILL_TEST_LIGHT") != "" && os.Getenv("CI") == "" }
 
 // MaxConns is the pool size of each shared server database in one test
 // binary: INBOXMILL_TEST_MAX_CONNS, default 10.

@@ -35,6 +35,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	// Caught from the start, not only once LISTEN is out: the driver may
+	// stop a broker the moment it listens (two restarts due at once), and
+	// one killed by the signal writes no state for the next.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.Ports(*port),
@@ -72,8 +77,6 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	watch(c, c.ListenAddrs()[0], stderr, stopEvictor)
 	fmt.Fprintln(stdout, "LISTEN", c.ListenAddrs()[0])
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	orphaned := make(chan struct{})
 	if *lifeline {
 		go func() {

@@ -118,50 +118,58 @@ func (k *kafkaConn) consumed(group, topic string) (bool, int64, error) {
 // readAll returns every record of topic from the oldest offset to the
 // high-water mark at the time of the call.
 func (k *kafkaConn) readAll(ctx context.Context, topic string) ([]*sarama.ConsumerMessage, error) {
+	var out []*sarama.ConsumerMessage
+	err := k.scan(ctx, topic, func(m *sarama.ConsumerMessage) { out = append(out, m) })
+	return out, err
+}
+
+// scan calls fn with every record of topic from the oldest offset to the
+// high-water mark at the time of the call: one partition after the other,
+// each in offset order, so a long topic is not held in memory.
+func (k *kafkaConn) scan(ctx context.Context, topic string, fn func(*sarama.ConsumerMessage)) error {
 	consumer, err := sarama.NewConsumerFromClient(k.client)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer consumer.Close()
 	partitions, err := k.client.Partitions(topic)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var out []*sarama.ConsumerMessage
 	for _, p := range partitions {
 		oldest, err1 := k.client.GetOffset(topic, p, sarama.OffsetOldest)
 		end, err2 := k.client.GetOffset(topic, p, sarama.OffsetNewest)
 		if err := errors.Join(err1, err2); err != nil {
-			return nil, err
+			return err
 		}
 		if oldest >= end {
 			continue
 		}
 		pc, err := consumer.ConsumePartition(topic, p, oldest)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		timeout := time.NewTimer(time.Minute)
 		for done := false; !done; {
 			select {
 			case m := <-pc.Messages():
-				out = append(out, m)
+				fn(m)
 				done = m.Offset+1 >= end
 			case err := <-pc.Errors():
 				_ = pc.Close()
-				return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
+				return fmt.Errorf("read %s/%d: %w", topic, p, err)
 			case <-timeout.C:
 				_ = pc.Close()
-				return nil, fmt.Errorf("read %s/%d: offset %d not reached after a minute", topic, p, end)
+				return fmt.Errorf("read %s/%d: offset %d not reached after a minute", topic, p, end)
 			case <-ctx.Done():
 				_ = pc.Close()
-				return nil, ctx.Err()
+				return ctx.Err()
 			}
 		}
 		timeout.Stop()
 		_ = pc.Close()
 	}
-	return out, nil
+	return nil
 }
 
 func header(m *sarama.ConsumerMessage, key string) string {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 
@@ -130,3 +131,53 @@ func newStream(rng *rand.Rand, n int, partitions int32) *stream {
 	}
 	return s
 }
+
+// topicOrder is what a mode's topic holds, read back after the run in
+// offset order per partition: for each event, the payloads on the topic
+// and which of them comes first on a partition. The publish order is not
+// what the consumers saw: a producer that retries a batch after a broker
+// restart can land an event's first payload after its conflicting one,
+// and then the conflicting payload is the one the inbox must take.
+type topicOrder struct {
+	events   map[string]*onTopic
+	messages int
+}
+
+// onTopic is one event as its topic holds it. Payloads are told apart by
+// their amount (what a conflicting payload changes).
+type onTopic struct {
+	amounts    []int   // the distinct payloads on the topic
+	firsts     []int   // the distinct payloads that come first on a partition
+	partitions []int32 // the partitions the event is on
+}
+
+func newTopicOrder() *topicOrder { return &topicOrder{events: map[string]*onTopic{}} }
+
+// add records a message of event id with amount on partition p. The
+// messages of one partition must be added in offset order.
+func (t *topicOrder) add(p int32, id string, amount int) {
+	t.messages++
+	e := t.events[id]
+	if e == nil {
+		e = &onTopic{}
+		t.events[id] = e
+	}
+	if !slices.Contains(e.partitions, p) {
+		e.partitions = append(e.partitions, p)
+		if !slices.Contains(e.firsts, amount) {
+			e.firsts = append(e.firsts, amount)
+		}
+	}
+	if !slices.Contains(e.amounts, amount) {
+		e.amounts = append(e.amounts, amount)
+	}
+}
+
+// mayWin reports whether a delivery of the event with amount may be the
+// one that makes its effect: a consumer group reads each partition in
+// offset order, so a payload can be claimed first only if it comes first
+// on some partition. When an event's payloads come first on different
+// partitions (a later republication of the first payload elsewhere, the
+// conflicting one first on the event's own partition), either may win,
+// as the consumers' progress on each partition decides.
+func (e *onTopic) mayWin(amount int) bool { return slices.Contains(e.firsts, amount) }
