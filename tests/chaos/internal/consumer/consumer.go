@@ -17,6 +17,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/inboxmill/inboxmill/dedup"
+	"github.com/inboxmill/inboxmill/dedup/kafkaparallel"
 	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/dedup/watermillsql"
 	"github.com/inboxmill/inboxmill/handlers/reconcile"
@@ -62,7 +64,7 @@ type config struct {
 	dieAfter, pool                      int
 	lifeline, verbose, partitioned      bool
 	pipeline                            bool
-	reserveBatch                        bool
+	reserveBatch, cooperative           bool
 	ackDeadline, sqlPoll, closeDeadline time.Duration
 }
 
@@ -90,6 +92,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.partitioned, "partitioned", false, "PostgreSQL: the inbox table is partitioned (postgres.Partitioned)")
 	fs.BoolVar(&c.pipeline, "pipeline", false, "kafka-group on PostgreSQL: groups in pgx pipelines (dedup/pgxgroup), the handler queues its effect")
 	fs.BoolVar(&c.reserveBatch, "reserve-batch", false, "kafka-reserve: reservations and completions in batches (dedup.Reserve.Batch)")
+	fs.BoolVar(&c.cooperative, "cooperative", false, "Kafka modes: rebalance with the cooperative-sticky strategy instead of Sarama's default (range, eager)")
 	fs.BoolVar(&c.verbose, "v", false, "log what Watermill and inboxmill do, to stderr")
 	fs.DurationVar(&c.ackDeadline, "ack-deadline", 5*time.Second, "sql-queue: watermill-sql's AckDeadline")
 	fs.DurationVar(&c.sqlPoll, "sql-poll", 20*time.Millisecond, "sql-queue: poll interval of an empty queue")
@@ -100,7 +103,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	var errs []error
 	switch c.mode {
-	case wire.KafkaTx, wire.KafkaReserve, wire.SQLQueue, wire.KafkaGroup:
+	case wire.KafkaTx, wire.KafkaReserve, wire.SQLQueue, wire.KafkaGroup, wire.KafkaParallel:
 	default:
 		errs = append(errs, fmt.Errorf("-mode %q is not one of %s", c.mode, strings.Join(wire.Modes, ", ")))
 	}
@@ -250,16 +253,32 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		tracer = groupLog{l: log.New(stderr, "[group] ", log.LstdFlags|log.Lmicroseconds)}
 	}
 	switch cfg.mode {
-	case wire.KafkaTx, wire.KafkaReserve, wire.KafkaGroup:
-		sub, err = kafka.NewSubscriber(kafka.SubscriberConfig{
+	case wire.KafkaTx, wire.KafkaReserve, wire.KafkaGroup, wire.KafkaParallel:
+		sc := wire.SaramaConfig(cfg.app)
+		if cfg.cooperative {
+			sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+		}
+		kcfg := kafka.SubscriberConfig{
 			Brokers:               brokers,
 			Unmarshaler:           kafka.DefaultMarshaler{},
 			ConsumerGroup:         cfg.group,
-			OverwriteSaramaConfig: wire.SaramaConfig(cfg.app),
+			OverwriteSaramaConfig: sc,
 			NackResendSleep:       20 * time.Millisecond,
 			ReconnectRetrySleep:   200 * time.Millisecond,
 			Tracer:                tracer,
-		}, logger)
+		}
+		if cfg.mode == wire.KafkaParallel {
+			// The same settings through the parallel consumer: an
+			// account's events (the record key) one after the other, up
+			// to wire.ParallelInFlight messages of a partition at once. A
+			// revoked partition waits 3 s for its running messages, well
+			// within the group's rebalance timeout (wire.SaramaConfig),
+			// and leaves the rest to its next owner.
+			sub, err = kafkaparallel.NewSubscriber(kcfg,
+				kafkaparallel.Config{MaxInFlightPerPartition: wire.ParallelInFlight, DrainTimeout: 3 * time.Second}, logger)
+		} else {
+			sub, err = kafka.NewSubscriber(kcfg, logger)
+		}
 		if cfg.mode == wire.KafkaGroup {
 			// Two coordinators for the deliveries of the consumer's
 			// partitions (wire.GroupPartitions spread over its group):
@@ -342,7 +361,18 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 	}
 	// Outermost the poison queue (a conflicting payload is published to the
 	// poison topic and acked), then the kill points around the middleware.
-	router.AddMiddleware(poison, ks.middleware, d.Middleware)
+	// How many deliveries are in the middleware at once, and the most.
+	var inside, peak atomic.Int64
+	count := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			n := inside.Add(1)
+			defer inside.Add(-1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			return h(msg)
+		}
+	}
+	router.AddMiddleware(poison, count, ks.middleware, d.Middleware)
 	router.AddConsumerHandler(wire.Operation, cfg.topic, sub, h)
 
 	routerDone := make(chan error, 1)
@@ -366,7 +396,7 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 		}
 		out.println(wire.LineStats, wire.Stats{Executed: s.Executed, Duplicates: s.Duplicates, Conflicts: s.Conflicts,
 			InFlight: s.InFlight, Retries: s.Retries, Pending: s.Pending, Takeovers: s.Takeovers,
-			Groups: g.Groups, Members: g.Members}.String())
+			Groups: g.Groups, Members: g.Members, Peak: uint64(peak.Load())}.String())
 	}
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -34,6 +35,8 @@ type result struct {
 	unfinished         int // inbox records not completed
 	retried            int // inbox records at attempt > 1 (reserve mode: taken over)
 	doubleCharged      int
+	outOfOrder         int // kafka-parallel: effects made before an earlier event of their account's
+	accountsChecked    int
 	faults             providerFaults
 	stats              wire.Stats
 	checkErr           error
@@ -89,6 +92,67 @@ func (m *modeRun) check(ctx context.Context) {
 		m.fail("reserve batches: %d statements for %d reservations: no statement carried more than one",
 			res.stats.Groups, res.stats.Members)
 	}
+	if m.mode == wire.KafkaParallel {
+		if err := m.checkOrder(ctx); err != nil {
+			m.fail("reading the effects' order: %v", err)
+		}
+		if res.outOfOrder > 0 {
+			m.fail("%d effects made before an earlier event of their account's: the parallel consumer broke a key's order",
+				res.outOfOrder)
+		}
+		if int(res.stats.Peak) <= int(m.partitions()) {
+			// One message a partition at a time, or less: the parallel
+			// consumer never ran more than watermill-kafka's would have.
+			m.fail("parallel consumer: at most %d deliveries at once in a consumer, no more than the topic's %d partitions",
+				res.stats.Peak, m.partitions())
+		}
+	}
+}
+
+// checkOrder reads when each effect was made and counts, per account,
+// the effects made after one of a later event of the account's: the
+// parallel consumer runs an account's events one after the other, so
+// their effects must come in the events' order.
+func (m *modeRun) checkOrder(ctx context.Context) error {
+	q, err := m.db.db.QueryContext(ctx, `SELECT event_id, `+m.db.epochMicros("created_at")+` FROM `+m.effectsTable)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	type made struct {
+		at  int64
+		seq int
+	}
+	byAccount := map[string][]made{}
+	for q.Next() {
+		var id string
+		var at int64
+		if err := q.Scan(&id, &at); err != nil {
+			return err
+		}
+		if ev := m.st.byID[id]; ev != nil && ev.account != "" {
+			byAccount[ev.account] = append(byAccount[ev.account], made{at, ev.seq})
+		}
+	}
+	if err := q.Err(); err != nil {
+		return err
+	}
+	res := &m.res
+	for _, ms := range byAccount {
+		slices.SortFunc(ms, func(a, b made) int {
+			if a.at != b.at {
+				return cmp.Compare(a.at, b.at)
+			}
+			return cmp.Compare(a.seq, b.seq)
+		})
+		for i := 1; i < len(ms); i++ {
+			if ms[i].seq < ms[i-1].seq {
+				res.outOfOrder++
+			}
+		}
+	}
+	res.accountsChecked = len(byAccount)
+	return nil
 }
 
 // effectRow is one group of equal effects: n effects of event id made with
@@ -383,6 +447,14 @@ func (m *modeRun) report() {
 	}
 	if m.mode == wire.KafkaReserve && m.r.cfg.ReserveBatch {
 		grouped += fmt.Sprintf(" batches=on reservations_per_statement=%.2f", res.stats.MeanGroup())
+	}
+	if m.mode == wire.KafkaParallel {
+		rebalance := "eager"
+		if m.cooperative() {
+			rebalance = "cooperative"
+		}
+		grouped += fmt.Sprintf(" out_of_order=%d accounts=%d peak_in_flight=%d rebalance=%s", res.outOfOrder,
+			res.accountsChecked, res.stats.Peak, rebalance)
 	}
 	m.r.printf("MODE %s events=%d messages=%d effects=%d duplicated_effects=%d lost=%d conflicts=%d conflicts_routed=%d kills=%d%s took=%v",
 		m.label, res.events, res.messages, res.effects, res.duplicated, res.lost, res.conflicts, res.conflictsRouted,

@@ -133,7 +133,7 @@ func TestCheckFollowsTheTopic(t *testing.T) {
 // cannot be read back is the publish order, which has every event's first
 // payload first.
 func TestPublishOrderHasTheFirstPayloadFirst(t *testing.T) {
-	st := newStream(rand.New(rand.NewPCG(1, 2)), 400, 4)
+	st := newStream(rand.New(rand.NewPCG(1, 2)), 400, 4, 0)
 	topic := publishOrder(st.chunks)
 	if topic.messages != st.messages {
 		t.Fatalf("%d messages, want %d", topic.messages, st.messages)

@@ -140,7 +140,8 @@ func Full() Config {
 }
 
 // modeShare is each mode's share of Config.Events.
-var modeShare = map[string]float64{wire.KafkaTx: 0.5, wire.KafkaReserve: 0.25, wire.SQLQueue: 0.25, wire.KafkaGroup: 0.25}
+var modeShare = map[string]float64{wire.KafkaTx: 0.5, wire.KafkaReserve: 0.25, wire.SQLQueue: 0.25, wire.KafkaGroup: 0.25,
+	wire.KafkaParallel: 0.5}
 
 func (c Config) validate() error {
 	var errs []error
@@ -394,7 +395,7 @@ func brokerEvictions(logDir string) int {
 
 // restartPriority orders the modes for the broker restarts: the Kafka
 // modes first, the two transactional ones before the others.
-var restartPriority = []string{wire.KafkaTx, wire.KafkaGroup, wire.KafkaReserve, wire.SQLQueue}
+var restartPriority = []string{wire.KafkaTx, wire.KafkaGroup, wire.KafkaParallel, wire.KafkaReserve, wire.SQLQueue}
 
 // restartOrder is the order in which the broker restarts are handed to the
 // modes, one each in turn: by restartPriority, each mode on another

@@ -60,13 +60,17 @@ func (k *kafkaConn) produce(topic string, msgs []streamMsg) (int, error) {
 	for start := 0; start < len(msgs); start += batch {
 		out := make([]*sarama.ProducerMessage, 0, batch)
 		for _, m := range msgs[start:min(start+batch, len(msgs))] {
-			out = append(out, &sarama.ProducerMessage{
+			pm := &sarama.ProducerMessage{
 				Topic: topic, Partition: m.partition, Value: sarama.ByteEncoder(m.payload()),
 				Headers: []sarama.RecordHeader{
 					{Key: []byte(wire.MetaEventID), Value: []byte(m.ev.id)},
 					{Key: []byte(wire.MetaTenant), Value: []byte(m.ev.tenant)},
 				},
-			})
+			}
+			if k := m.key(); k != nil {
+				pm.Key = sarama.ByteEncoder(k)
+			}
+			out = append(out, pm)
 		}
 		if err := k.producer.SendMessages(out); err != nil {
 			return start, fmt.Errorf("produce to %s: %w", topic, err)

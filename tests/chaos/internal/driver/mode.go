@@ -88,7 +88,8 @@ type modeRun struct {
 }
 
 var (
-	shortNames   = map[string]string{wire.KafkaTx: "ktx", wire.KafkaReserve: "krs", wire.SQLQueue: "sqq", wire.KafkaGroup: "kgr"}
+	shortNames = map[string]string{wire.KafkaTx: "ktx", wire.KafkaReserve: "krs", wire.SQLQueue: "sqq", wire.KafkaGroup: "kgr",
+		wire.KafkaParallel: "kpl"}
 	shortDBNames = map[string]string{wire.Postgres: "pg", wire.MySQL: "my"}
 )
 
@@ -109,6 +110,23 @@ func newModeRun(r *runner, db *database, mode string, events int) *modeRun {
 }
 
 func (m *modeRun) isKafka() bool { return m.mode != wire.SQLQueue }
+
+// cooperative reports whether the mode's consumers rebalance with the
+// cooperative-sticky strategy: kafka-parallel's do in every other run
+// (by seed), so that both the eager path (a rebalance ends the session)
+// and the cooperative one (it closes a revoked partition's claim) come up.
+func (m *modeRun) cooperative() bool {
+	return m.mode == wire.KafkaParallel && (m.r.cfg.Seed+uint64(m.idx))%2 == 1
+}
+
+// accounts is how many accounts the kafka-parallel stream has: about ten
+// events each (0: the other modes' streams have none).
+func (m *modeRun) accounts() int {
+	if m.mode != wire.KafkaParallel {
+		return 0
+	}
+	return max(4, m.events/10)
+}
 
 // kafkaTopics are the topics the broker creates for the mode, as its
 // -topics flag takes them (name, or name:partitions).
@@ -148,7 +166,7 @@ func (m *modeRun) kills() int {
 // run runs the mode to its end; failures are recorded on m.
 func (m *modeRun) run(ctx context.Context) {
 	m.started = time.Now()
-	m.st = newStream(m.rng, m.events, m.partitions())
+	m.st = newStream(m.rng, m.events, m.partitions(), m.accounts())
 	m.planFaults()
 	defer m.teardown()
 	if err := os.MkdirAll(m.historyDir(), 0o755); err != nil {
@@ -563,8 +581,11 @@ func (m *modeRun) startConsumer(s *slot) {
 	if m.mode == wire.KafkaReserve && cfg.ReserveBatch {
 		args = append(args, "-reserve-batch")
 	}
+	if m.cooperative() {
+		args = append(args, "-cooperative")
+	}
 	switch m.mode {
-	case wire.KafkaTx, wire.KafkaGroup:
+	case wire.KafkaTx, wire.KafkaGroup, wire.KafkaParallel:
 		args = append(args, "-topic", m.topic, "-group", s.group, "-effects-table", m.effectsTable)
 	case wire.KafkaReserve:
 		args = append(args, "-topic", m.topic, "-group", s.group, "-provider", m.prov.url)

@@ -26,6 +26,10 @@ const (
 type event struct {
 	id, tenant string
 	amount     int
+	// account and seq: the kafka-parallel stream's record key and the
+	// event's place among the account's (empty and 0 elsewhere).
+	account string
+	seq     int
 }
 
 // streamMsg is one message to publish.
@@ -35,6 +39,14 @@ type streamMsg struct {
 	amount    int
 	sentAt    time.Time
 	partition int32
+}
+
+// key is the record key: the account, in the kafka-parallel stream.
+func (m streamMsg) key() []byte {
+	if m.ev.account == "" {
+		return nil
+	}
+	return []byte(m.ev.account)
 }
 
 func (m streamMsg) payload() []byte {
@@ -71,7 +83,12 @@ const (
 // conflicting payload arrives, so it is the conflicting one that must be
 // refused. A later republication goes to any partition and races the
 // original.
-func newStream(rng *rand.Rand, n int, partitions int32) *stream {
+//
+// With accounts (kafka-parallel), event i belongs to an account
+// (wire.AccountOf), whose partition every message of the event goes to, a
+// later republication too: as a producer keyed by account does, so that
+// the account's events are in order on its partition.
+func newStream(rng *rand.Rand, n int, partitions int32, accounts int) *stream {
 	s := &stream{byID: map[string]*event{}, conflicts: map[string]int{}}
 	type placed struct {
 		pos float64
@@ -94,6 +111,12 @@ func newStream(rng *rand.Rand, n int, partitions int32) *stream {
 		s.events = append(s.events, ev)
 		s.byID[ev.id] = ev
 		p := home(ev.id)
+		anywhere := rng.Int32N(partitions)
+		if accounts > 0 {
+			ev.account, ev.seq = wire.AccountOf(i, accounts)
+			p = home(ev.account)
+			anywhere = p
+		}
 		at := base.Add(time.Duration(i) * time.Millisecond)
 		all = append(all, placed{float64(i), streamMsg{ev: ev, kind: kindOriginal, amount: ev.amount, sentAt: at, partition: p}})
 		if rng.Float64() < retryShare {
@@ -102,7 +125,7 @@ func newStream(rng *rand.Rand, n int, partitions int32) *stream {
 		}
 		if rng.Float64() < laterShare {
 			all = append(all, placed{float64(i) + float64(n)/5 + float64(n)/3*rng.Float64(),
-				streamMsg{ev: ev, kind: kindLater, amount: ev.amount, sentAt: at.Add(time.Hour), partition: rng.Int32N(partitions)}})
+				streamMsg{ev: ev, kind: kindLater, amount: ev.amount, sentAt: at.Add(time.Hour), partition: anywhere}})
 		}
 		if conflicting[i] {
 			other := ev.amount + 1 + rng.IntN(99)

@@ -30,10 +30,27 @@ const (
 	// deliveries a consumer has in flight (one per partition it is
 	// assigned, and its topic has GroupPartitions) share one transaction.
 	KafkaGroup = "kafka-group"
+	// KafkaParallel: as KafkaTx, through the parallel consumer
+	// (dedup/kafkaparallel): up to ParallelInFlight messages of a
+	// partition at once, one account's events one after the other. Each
+	// account's effects must come in its events' order.
+	KafkaParallel = "kafka-parallel"
 )
 
 // Modes lists every mode, in the order the driver runs them.
-var Modes = []string{KafkaTx, KafkaReserve, SQLQueue, KafkaGroup}
+var Modes = []string{KafkaTx, KafkaReserve, SQLQueue, KafkaGroup, KafkaParallel}
+
+// ParallelInFlight is the kafka-parallel consumers'
+// MaxInFlightPerPartition.
+const ParallelInFlight = 16
+
+// AccountOf is the account (the record key, the ordering key) of the
+// kafka-parallel stream's event i, and its sequence number within the
+// account: accounts take turns, so each has about one event in
+// accounts.
+func AccountOf(i, accounts int) (account string, seq int) {
+	return fmt.Sprintf("acct-%04d", i%accounts), i / accounts
+}
 
 // GroupPartitions is the partition count of the KafkaGroup mode's topic.
 // watermill-kafka's subscriber delivers one message per partition at a
@@ -111,19 +128,22 @@ const (
 type Stats struct {
 	Executed, Duplicates, Conflicts, InFlight, Retries, Pending, Takeovers uint64
 	Groups, Members                                                        uint64
+	// Peak is the most deliveries a consumer had in its middleware at
+	// once; when summed, the highest of the processes'.
+	Peak uint64
 }
 
 func (s Stats) String() string {
-	return fmt.Sprintf("executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d groups=%d members=%d",
-		s.Executed, s.Duplicates, s.Conflicts, s.InFlight, s.Retries, s.Pending, s.Takeovers, s.Groups, s.Members)
+	return fmt.Sprintf("executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d groups=%d members=%d peak=%d",
+		s.Executed, s.Duplicates, s.Conflicts, s.InFlight, s.Retries, s.Pending, s.Takeovers, s.Groups, s.Members, s.Peak)
 }
 
 // ParseStats reads what String wrote.
 func ParseStats(s string) (Stats, error) {
 	var st Stats
-	_, err := fmt.Sscanf(s, "executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d groups=%d members=%d",
+	_, err := fmt.Sscanf(s, "executed=%d duplicates=%d conflicts=%d in_flight=%d retries=%d pending=%d takeovers=%d groups=%d members=%d peak=%d",
 		&st.Executed, &st.Duplicates, &st.Conflicts, &st.InFlight, &st.Retries, &st.Pending, &st.Takeovers,
-		&st.Groups, &st.Members)
+		&st.Groups, &st.Members, &st.Peak)
 	return st, err
 }
 
@@ -131,7 +151,7 @@ func ParseStats(s string) (Stats, error) {
 func (s Stats) Add(o Stats) Stats {
 	return Stats{s.Executed + o.Executed, s.Duplicates + o.Duplicates, s.Conflicts + o.Conflicts,
 		s.InFlight + o.InFlight, s.Retries + o.Retries, s.Pending + o.Pending, s.Takeovers + o.Takeovers,
-		s.Groups + o.Groups, s.Members + o.Members}
+		s.Groups + o.Groups, s.Members + o.Members, max(s.Peak, o.Peak)}
 }
 
 // MeanGroup is the mean number of members per group transaction (0 with
