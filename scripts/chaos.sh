@@ -6,6 +6,7 @@
 # published event had exactly one effect. Arguments go to the driver:
 #
 #   scripts/chaos.sh --quick            # CI: 3,000 events, every mode, modes in parallel, ~25-40 s
+#   scripts/chaos.sh --quick --modes kafka-parallel   # the parallel Kafka consumer alone
 #   scripts/chaos.sh                    # 100,000 events, 8 consumers per mode, 60 SIGKILLs and more
 #   scripts/chaos.sh --seed 42 --keep   # the same stream and fault plan again; keep tables and logs
 #   scripts/chaos.sh --quick --databases postgres --pg-partitioned   # CI too: against a partitioned inbox
