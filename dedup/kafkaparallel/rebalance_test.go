@@ -184,7 +184,11 @@ func rebalanceMidStream(t *testing.T, v variant, n int, cooperative bool) {
 		t.Logf("%s: %+v; dedup %+v", c.name, st, dst)
 		require.NotZero(t, dst.Executed, "%s executed nothing: no rebalance happened mid-stream", c.name)
 	}
-	require.Equal(t, uint64(len(events)), executed)
+	// One effect per event is the guarantee (checkEffects). A straggler
+	// whose context was cancelled while it committed may have committed
+	// without knowing: it counts as a retry, and its next delivery as a
+	// duplicate. So the middlewares ran at most one handler per event.
+	require.LessOrEqual(t, executed, uint64(len(events)))
 	require.NotZero(t, left, "no rebalance left a message running to the next owner")
 }
 

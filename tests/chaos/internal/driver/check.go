@@ -100,9 +100,11 @@ func (m *modeRun) check(ctx context.Context) {
 			m.fail("%d effects made before an earlier event of their account's: the parallel consumer broke a key's order",
 				res.outOfOrder)
 		}
-		if int(res.stats.Peak) <= int(m.partitions()) {
+		if int(res.stats.Peak) <= int(m.partitions()) && res.events >= 1000 {
 			// One message a partition at a time, or less: the parallel
 			// consumer never ran more than watermill-kafka's would have.
+			// (A small run, the smoke test's, has too little backlog to
+			// tell.)
 			m.fail("parallel consumer: at most %d deliveries at once in a consumer, no more than the topic's %d partitions",
 				res.stats.Peak, m.partitions())
 		}
