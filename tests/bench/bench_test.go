@@ -48,6 +48,11 @@ func TestSmoke(t *testing.T) {
 			}
 
 			bench, ratios, purges := parseOutput(t, stdout.String())
+			if tc.dialect == "pg" {
+				// Three settings, each against the shallow and the deep topic.
+				require.Equal(t, 6, strings.Count(stdout.String(), "\nBACKLOG backlog="), stdout.String())
+				require.Regexp(t, `BACKLOG backlog=2000 in_flight=128/512 consumed=200 peak_rss_kb=[1-9]`, stdout.String())
+			}
 			want := []string{"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "inboxmill_reserve_batch", "watermill_dedup",
 				"select_then_insert", "growth_empty", "growth_1k", "growth_uuidv7_empty", "growth_uuidv7_1k"}
 			for _, s := range want {
@@ -164,6 +169,11 @@ func parseOutput(t *testing.T, out string) (bench, ratios, purges map[string]map
 				require.GreaterOrEqual(t, v, 0.0, sc.Text())
 			}
 			purges[kv["method"]+"/"+kv["keys"]] = kv
+		case "BACKLOG":
+			kv := keyValues(t, fields[1:])
+			for _, k := range []string{"backlog", "in_flight", "consumed", "peak_rss_kb", "rss_now_kb", "seconds"} {
+				require.Contains(t, kv, k, sc.Text())
+			}
 		case "SEED":
 		default:
 			t.Fatalf("unexpected output line %q", sc.Text())
@@ -181,4 +191,17 @@ func keyValues(t *testing.T, fields []string) map[string]string {
 		kv[k] = v
 	}
 	return kv
+}
+
+// TestMain lets the test binary be the bench's child processes (the
+// kafka_backlog scenario's broker and consumers run the binary itself).
+func TestMain(m *testing.M) {
+	if child, err := runChild(); child {
+		if err != nil {
+			os.Stderr.WriteString("bench: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
 }

@@ -43,6 +43,13 @@ import (
 )
 
 func main() {
+	if child, err := runChild(); child {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
@@ -57,12 +64,14 @@ func main() {
 // partition; sqlqueue on PostgreSQL with one subscriber.
 var allScenarios = []string{
 	"plain", "plain_stmt", "inboxmill", "inboxmill_group", "inboxmill_group_pgx", "inboxmill_dup", "inboxmill_dup_tx", "inboxmill_reserve", "inboxmill_reserve_batch", "watermill_dedup", "select_then_insert",
-	"growth", "purge", "kafka", "sqlqueue",
+	"growth", "purge", "kafka", "sqlqueue", "kafka_backlog",
 }
 
 // defaultScenarios are those run when --scenarios is not given: all but
 // purge, which seeds and deletes a million rows per dialect.
-var defaultScenarios = slices.DeleteFunc(slices.Clone(allScenarios), func(s string) bool { return s == "purge" })
+var defaultScenarios = slices.DeleteFunc(slices.Clone(allScenarios), func(s string) bool {
+	return s == "purge" || s == "kafka_backlog"
+})
 
 // options are the parsed flags.
 type options struct {
@@ -93,6 +102,10 @@ type options struct {
 	// MaxInFlightPerPartition and its variants' pool size.
 	kafkaVariants            []string
 	kafkaInFlight, kafkaPool int
+	// backlog is kafka_backlog's deep topic and backlogConsume how many
+	// messages each of its consumers takes from it.
+	backlog        int64
+	backlogConsume int
 }
 
 // hasKafka reports whether the kafka scenario runs variant v.
@@ -132,6 +145,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&kafkaVariantList, "kafka-variants", "", "the kafka scenario's variants (default all: "+strings.Join(kafkaVariants, ",")+")")
 	fs.IntVar(&o.kafkaInFlight, "kafka-in-flight", 0, "the parallel consumer's MaxInFlightPerPartition (default: the library's)")
 	fs.IntVar(&o.kafkaPool, "kafka-pool", 16, "the database pool of the kafka scenario's parallel variants (the others get partitions+2)")
+	var backlog string
+	fs.StringVar(&backlog, "backlog", "1m", "kafka_backlog: the deep topic's messages (a topic of a hundredth as many is the baseline)")
+	fs.IntVar(&o.backlogConsume, "backlog-consume", 20000, "kafka_backlog: messages each consumer process takes")
 	fs.IntVar(&o.sqlQueueBatch, "sqlqueue-batch", 32, "the sqlqueue scenario's batched variants' SubscribeBatchSize (watermillsql.NewSubscriber); 1 leaves them out")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the results and ratios as Markdown tables to this file")
 	fs.StringVar(&o.plotDir, "plot", "", "also write SVG charts of the results into this directory (throughput and p99 against workers per scenario, ratios to the bare handler)")
@@ -183,6 +199,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			errs = append(errs, fmt.Errorf("--kafka-variants: unknown variant %q (%s)", v, strings.Join(kafkaVariants, ", ")))
 		}
 		o.kafkaVariants = append(o.kafkaVariants, v)
+	}
+	if o.smoke && !flagSet(fs, "backlog") {
+		backlog = "2k"
+	}
+	if o.smoke && !flagSet(fs, "backlog-consume") {
+		o.backlogConsume = 200
+	}
+	if n, err := parseSize(backlog); err != nil || n < 1 {
+		errs = append(errs, fmt.Errorf("--backlog %q: want a positive size such as 1m", backlog))
+	} else {
+		o.backlog = n
 	}
 	if o.kafkaPool < 1 {
 		errs = append(errs, fmt.Errorf("--kafka-pool %d is not positive", o.kafkaPool))
@@ -406,6 +433,11 @@ func (b *bench) runAll(ctx context.Context) error {
 			return fmt.Errorf("kafka: %w", err)
 		}
 	}
+	if b.opts.has("kafka_backlog") && slices.Contains(b.opts.dialects, "pg") {
+		if err := b.backlog(ctx); err != nil {
+			return fmt.Errorf("kafka_backlog: %w", err)
+		}
+	}
 	if b.opts.has("sqlqueue") && slices.Contains(b.opts.dialects, "pg") {
 		if err := b.sqlQueue(ctx); err != nil {
 			return fmt.Errorf("sqlqueue: %w", err)
@@ -436,4 +468,11 @@ func machineLoad() string {
 		return "load unknown"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// flagSet reports whether the command line set the flag.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
