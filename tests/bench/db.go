@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/inboxmill/inboxmill/dedup"
@@ -66,7 +67,22 @@ func newBench(o options, stdout, stderr io.Writer) (*bench, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &bench{opts: o, out: stdout, log: stderr, sqliteDir: dir}, nil
+	// The log takes writes from this process's goroutines and from the
+	// child processes' output copiers at once; so may the output.
+	return &bench{opts: o, out: &lockedWriter{w: stdout}, log: &lockedWriter{w: stderr}, sqliteDir: dir}, nil
+}
+
+// lockedWriter serializes writes to w, which need not be safe for
+// concurrent use (a bytes.Buffer in tests).
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func (b *bench) close() { _ = os.RemoveAll(b.sqliteDir) }
