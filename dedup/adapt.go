@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"database/sql"
 	"sync"
 	"time"
 )
@@ -14,7 +15,7 @@ const (
 	// adaptEpoch is the fewest latencies an epoch averages; an epoch also
 	// takes twice as many as were in flight at once, and at most
 	// adaptEpochMax of time (with at least adaptEpochFloor latencies).
-	adaptEpoch      = 64
+	adaptEpoch      = 128
 	adaptEpochMax   = time.Second
 	adaptEpochFloor = 8
 	// A trial of fewer slots (more grouping) is kept when it makes the
@@ -25,6 +26,9 @@ const (
 	adaptSlack = 0.02
 	// adaptMaxBackoff bounds the epochs between trials after failed ones.
 	adaptMaxBackoff = 64
+	// adaptSettle is the fewest epochs between two sweeps: the limit
+	// they chose runs that long before the next explores again.
+	adaptSettle = 4
 )
 
 // slotPool is how many groups (or batch statements) run at once. Each
@@ -45,14 +49,23 @@ type slotPool struct {
 	ctl     adaptive
 	used    int
 	waiting []chan struct{} // leaders waiting for a slot, first first
+	// gen counts the limit's changes: a delivery that entered under
+	// another limit than the one in force when it is done says nothing of
+	// this one (it may have waited behind the deliveries the last limit
+	// let in), so its latency is left out.
+	gen uint64
 }
 
-func newSlotPool(fixed, start int) *slotPool {
+// newSlotPool returns a pool of fixed slots, or, with fixed 0, an
+// adaptive one starting at start; capOf, when set, returns the most slots
+// that can be busy at once however many the limit allows (the size of
+// the connection pool the groups or statements run on; 0: no bound).
+func newSlotPool(fixed, start int, capOf func() int) *slotPool {
 	p := &slotPool{}
 	if fixed > 0 {
 		p.ctl = adaptive{fixed: true, limit: fixed}
 	} else {
-		p.ctl = adaptive{limit: start, incumbent: start, dir: -1, backoff: 1}
+		p.ctl = adaptive{limit: start, incumbent: start, dir: -1, backoff: 1, cap: capOf}
 	}
 	return p
 }
@@ -110,10 +123,19 @@ func (p *slotPool) demand(n int) {
 	p.mu.Unlock()
 }
 
-// done records the latency of one delivery through the pool.
-func (p *slotPool) done(lat time.Duration) {
+// generation returns the generation a delivery entering now belongs to.
+func (p *slotPool) generation() uint64 {
 	p.mu.Lock()
-	if p.ctl.sample(lat, time.Now()) {
+	defer p.mu.Unlock()
+	return p.gen
+}
+
+// done records the latency of one delivery through the pool, which
+// entered in generation gen.
+func (p *slotPool) done(lat time.Duration, gen uint64) {
+	p.mu.Lock()
+	if gen == p.gen && p.ctl.sample(lat, time.Now()) {
+		p.gen++
 		p.handOver() // the limit may have grown
 	}
 	p.mu.Unlock()
@@ -131,11 +153,20 @@ func (p *slotPool) stats() (limit int, trials, kept uint64) {
 }
 
 // adaptive is the slot limit's controller: an incumbent limit, measured
-// epoch after epoch, and now and then a trial of another for one epoch.
-// Not safe for concurrent use (slotPool.mu guards it).
+// epoch after epoch, and now and then a sweep of others, one epoch each.
+// A sweep goes one way — halving the slots, or doubling them — for as
+// long as each step is not worse than the best seen so far (so that it
+// crosses a plateau, such as every limit above the connection pool's
+// size, where slots make no difference), and then keeps the best step if
+// it beat the incumbent: by adaptGain for fewer slots, or by not losing
+// adaptSlack for more. Sweeps alternate their direction; one that keeps
+// nothing backs off. Not safe for concurrent use (slotPool.mu guards it).
 type adaptive struct {
 	fixed bool
 	limit int // in force
+	// cap, when set, returns the most slots that can be busy at once
+	// whatever the limit (the connection pool's size; 0 none).
+	cap func() int
 
 	// The epoch being measured.
 	n     int
@@ -144,12 +175,19 @@ type adaptive struct {
 	since time.Time
 
 	incumbent    int
-	incumbentLat float64 // its last epoch's mean latency; 0: not measured since the last trial
-	trial        int     // the limit on trial; 0: none
-	dir          int     // the next trial's direction: -1 fewer slots, +1 more
-	wait         int     // epochs before the next trial
-	backoff      int     // wait after a trial that lost, doubling
-	lastPeak     int     // the peak when the last trial was decided
+	incumbentLat float64 // its last epoch's mean latency
+	sweeping     bool
+	best         int     // the sweep's best step so far, and its latency
+	bestLat      float64 //
+	dir          int     // the next sweep's direction: -1 fewer slots, +1 more
+	wait         int     // epochs before the next sweep
+	backoff      int     // wait after a sweep that kept nothing, doubling
+	lastPeak     int     // the peak when the last sweep ended
+
+	// settling: the limit just changed; the epoch under way is the new
+	// limit's first, which the deliveries the old one let in still slow
+	// (or speed): it is measured but not judged.
+	settling bool
 
 	trials, kept uint64
 }
@@ -170,34 +208,82 @@ func (a *adaptive) sample(lat time.Duration, now time.Time) bool {
 		return false
 	}
 	before := a.limit
-	a.decide(float64(a.sum)/float64(a.n), a.peak)
+	if a.settling {
+		a.settling = false
+	} else {
+		a.decide(float64(a.sum)/float64(a.n), a.peak)
+	}
 	a.n, a.sum, a.peak = 0, 0, 0
+	a.settling = a.limit != before
 	return a.limit != before
+}
+
+// ceiling is the most slots that can be busy at once: the peak of
+// deliveries, and the cap.
+func (a *adaptive) ceiling(peak int) int {
+	c := peak
+	if a.cap != nil {
+		if n := a.cap(); n > 0 {
+			c = min(c, n)
+		}
+	}
+	return c
+}
+
+// step returns the limit after from in direction dir, or 0 when there is
+// none: half as many slots as can be busy, or twice as many (unbounded
+// once that reaches the ceiling).
+func (a *adaptive) step(from, dir, peak int) int {
+	c := a.ceiling(peak)
+	if dir < 0 {
+		if inUse := min(from, c); inUse > 1 {
+			return inUse / 2
+		}
+		return 0
+	}
+	if from >= c {
+		return 0
+	}
+	if t := 2 * from; t < c {
+		return t
+	}
+	return unbounded
 }
 
 // decide ends an epoch whose mean latency was mean, with at most peak
 // deliveries in the pool at once.
 func (a *adaptive) decide(mean float64, peak int) {
-	if a.trial != 0 {
-		up := a.trial > a.incumbent
-		kept := mean < a.incumbentLat*(1-adaptGain) || up && mean < a.incumbentLat*(1+adaptSlack)
-		if kept {
-			a.incumbent, a.incumbentLat = a.trial, mean
+	if a.sweeping {
+		if mean < a.bestLat {
+			a.best, a.bestLat = a.limit, mean
+		}
+		if mean <= a.bestLat*(1+adaptSlack) {
+			if next := a.step(a.limit, a.dir, peak); next != 0 {
+				a.limit = next
+				a.trials++
+				return
+			}
+		}
+		a.sweeping = false
+		down := a.best < a.incumbent
+		keep := a.best != a.incumbent && (down && a.bestLat < a.incumbentLat*(1-adaptGain) ||
+			!down && a.bestLat < a.incumbentLat*(1+adaptSlack))
+		if keep {
+			a.incumbent, a.incumbentLat = a.best, a.bestLat
 			a.kept++
-			a.wait, a.backoff = 0, 1 // go on the same way
+			a.backoff, a.wait = 1, adaptSettle
 		} else {
-			a.limit = a.incumbent
-			a.incumbentLat = 0 // measured again before the next trial
-			a.dir = -a.dir
-			a.backoff = min(2*a.backoff, adaptMaxBackoff)
+			a.backoff = min(max(2*a.backoff, adaptSettle), adaptMaxBackoff)
 			a.wait = a.backoff
 		}
-		a.trial, a.lastPeak = 0, peak
+		a.limit = a.incumbent
+		a.dir = -a.dir
+		a.lastPeak = peak
 		return
 	}
 	a.incumbentLat = mean
 	if a.lastPeak > 0 && (peak >= 2*a.lastPeak || 2*peak <= a.lastPeak) {
-		// The load moved: try again soon.
+		// The load moved: sweep again soon.
 		a.wait, a.backoff, a.lastPeak = 0, 1, peak
 	}
 	if a.wait > 0 {
@@ -207,24 +293,21 @@ func (a *adaptive) decide(mean float64, peak int) {
 	if peak < 2 {
 		return // deliveries alone: no group to form
 	}
-	inUse := min(a.incumbent, peak) // the slots that can be busy at once
-	var t int
-	switch {
-	case a.dir < 0 && inUse > 1:
-		t = inUse / 2
-	case a.incumbent < peak:
-		a.dir = 1
-		if t = 2 * a.incumbent; t >= peak {
-			t = unbounded
+	next := a.step(a.incumbent, a.dir, peak)
+	if next == 0 {
+		a.dir = -a.dir
+		if next = a.step(a.incumbent, a.dir, peak); next == 0 {
+			return
 		}
-	default:
-		// One slot and no more demand than it has: nothing to try.
-		a.dir = -1
-		return
 	}
-	if t == a.incumbent {
-		return
-	}
-	a.trial, a.limit = t, t
+	a.sweeping, a.best, a.bestLat = true, a.incumbent, mean
+	a.limit = next
 	a.trials++
+}
+
+// poolSize returns the store's connection pool's size (0: unbounded): each
+// group, and each batch statement, holds a connection, so no more of them
+// than that run at once whatever the limit.
+func poolSize(store interface{ DB() *sql.DB }) func() int {
+	return func() int { return store.DB().Stats().MaxOpenConnections }
 }

@@ -60,9 +60,11 @@ type Batch struct {
 	// a statement of its own, as without batches, until a trial of fewer
 	// statements at once lowers the items' mean latency (see
 	// Group.Coordinators, which adapts the same way); BatchStats says how
-	// many are in force. Where batches cannot gain, as on SQLite, whose
-	// one writer the handlers' writes wait for too, the trials lose and
-	// batches stay out of the way. A positive number fixes it.
+	// many are in force. Where the database has one writer at a time
+	// (inbox.Capabilities.SingleWriter: SQLite), whose writer the
+	// handlers' writes wait for too, batches measured slower at every
+	// load: there the default sends every item alone, as without batches,
+	// and says so in the log. A positive number fixes it.
 	Statements int
 }
 
@@ -159,8 +161,8 @@ type forming[T any] struct {
 	kick  chan struct{}
 }
 
-func newBatcher[T batchItem](b Batch, run func([]T)) *batcher[T] {
-	return &batcher[T]{maxSize: b.MaxSize, linger: b.MaxLinger, slots: newSlotPool(b.Statements, unbounded), run: run}
+func newBatcher[T batchItem](b Batch, capOf func() int, run func([]T)) *batcher[T] {
+	return &batcher[T]{maxSize: b.MaxSize, linger: b.MaxLinger, slots: newSlotPool(b.Statements, unbounded, capOf), run: run}
 }
 
 // expect announces a delivery that will join (or withdraw).
@@ -197,7 +199,7 @@ func kickForming[T any](f *forming[T]) {
 // join adds item to the forming batch and waits for its release;
 // expected says whether it was announced.
 func (b *batcher[T]) join(item T, expected bool) {
-	start := time.Now()
+	start, gen := time.Now(), b.slots.generation()
 	b.mu.Lock()
 	if expected {
 		b.expected--
@@ -226,7 +228,7 @@ func (b *batcher[T]) join(item T, expected bool) {
 	b.mu.Lock()
 	b.inPool--
 	b.mu.Unlock()
-	b.slots.done(time.Since(start))
+	b.slots.done(time.Since(start), gen)
 }
 
 // lead waits for a statement slot, lets the batch fill while it lingers,
@@ -314,8 +316,14 @@ type completeItem struct {
 func (it *completeItem) wait() *waiter { return &it.waiter }
 
 func newReserveBatches(store *inbox.Store, cfg Batch) *reserveBatches {
-	rb := &reserveBatches{completes: newBatcher(cfg, func(items []*completeItem) { completeBatch(store, items) })}
-	rb.reserves = newBatcher(cfg, func(items []*reserveItem) { reserveBatch(store, rb.completes, items) })
+	if cfg.Statements == 0 && store.Dialect().Capabilities().SingleWriter {
+		// One writer: batches measured slower at every load, and only
+		// the trials would show it (docs/benchmarks.md). Every item has
+		// a statement of its own, as without batches.
+		cfg.Statements = unbounded
+	}
+	rb := &reserveBatches{completes: newBatcher(cfg, poolSize(store), func(items []*completeItem) { completeBatch(store, items) })}
+	rb.reserves = newBatcher(cfg, poolSize(store), func(items []*reserveItem) { reserveBatch(store, rb.completes, items) })
 	return rb
 }
 

@@ -72,6 +72,10 @@ func New(store *inbox.Store, cfg Config) (*Deduplicator, error) {
 		d.rs = &mode
 		if mode.Batch != nil {
 			d.rb = newReserveBatches(store, *mode.Batch)
+			if mode.Batch.Statements == 0 && store.Dialect().Capabilities().SingleWriter {
+				d.log.Info("inboxmill: reserve batches are off: the database has one writer at a time, where they do not pay; "+
+					"set Batch.Statements to batch anyway", watermill.LogFields{"dialect": store.Dialect().Name()})
+			}
 		}
 	}
 	return d, nil

@@ -298,6 +298,11 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 	if err := errors.Join(waitErr, router.Close()); err != nil {
 		return result{}, err
 	}
+	if d != nil && d.GroupStats() != (dedup.GroupStats{}) {
+		gs := d.GroupStats()
+		b.logf("%s on %s: %d groups, %.1f members each, %d alone; coordinators %d (0: unbounded), %d trials, %d kept",
+			scenario, f.d.name, gs.Groups, float64(gs.Members)/float64(max(gs.Groups, 1)), gs.Solo, gs.Coordinators, gs.Trials, gs.Kept)
+	}
 	if d != nil {
 		if st := d.Stats(); st.Executed != uint64(b.opts.msgs) {
 			return result{}, fmt.Errorf("middleware stats %+v, want %d executed", st, b.opts.msgs)
