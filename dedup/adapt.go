@@ -17,12 +17,13 @@ const (
 	// adaptEpochMax of time (with at least adaptEpochFloor latencies).
 	adaptEpoch      = 128
 	adaptEpochMax   = time.Second
+	adaptEpochMin   = 100 * time.Millisecond
 	adaptEpochFloor = 8
 	// A trial of fewer slots (more grouping) is kept when it makes the
 	// mean latency adaptGain lower than with the slots it was tried
 	// against; a trial of more slots (less grouping) when it is not
 	// adaptSlack higher: at a tie, less grouping wins.
-	adaptGain  = 0.05
+	adaptGain  = 0.10
 	adaptSlack = 0.02
 	// adaptMaxBackoff bounds the epochs between trials after failed ones.
 	adaptMaxBackoff = 64
@@ -204,7 +205,8 @@ func (a *adaptive) sample(lat time.Duration, now time.Time) bool {
 	a.n++
 	a.sum += lat
 	long := now.Sub(a.since) >= adaptEpochMax
-	if a.n < max(adaptEpoch, 2*min(a.peak, a.limit)) && !long || a.n < adaptEpochFloor {
+	short := now.Sub(a.since) < adaptEpochMin
+	if (a.n < max(adaptEpoch, 2*min(a.peak, a.limit)) || short) && !long || a.n < adaptEpochFloor {
 		return false
 	}
 	before := a.limit
