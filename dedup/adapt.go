@@ -17,7 +17,7 @@ const (
 	// adaptEpochMax of time (with at least adaptEpochFloor latencies).
 	adaptEpoch      = 128
 	adaptEpochMax   = time.Second
-	adaptEpochMin   = 100 * time.Millisecond
+	adaptEpochMin   = 250 * time.Millisecond
 	adaptEpochFloor = 8
 	// A trial of fewer slots (more grouping) is kept when it makes the
 	// mean latency adaptGain lower than with the slots it was tried
@@ -50,11 +50,14 @@ type slotPool struct {
 	ctl     adaptive
 	used    int
 	waiting []chan struct{} // leaders waiting for a slot, first first
-	// gen counts the limit's changes: a delivery that entered under
+	// gen counts the limit's changes. A delivery that entered under
 	// another limit than the one in force when it is done says nothing of
-	// this one (it may have waited behind the deliveries the last limit
-	// let in), so its latency is left out.
-	gen uint64
+	// this one, and neither does one that shared the pool with such
+	// deliveries (it may have waited behind those the last limit let in):
+	// an epoch measures only deliveries that entered once every delivery
+	// of earlier generations (old, of the inside) was done.
+	gen         uint64
+	inside, old int
 }
 
 // newSlotPool returns a pool of fixed slots, or, with fixed 0, an
@@ -124,20 +127,34 @@ func (p *slotPool) demand(n int) {
 	p.mu.Unlock()
 }
 
-// generation returns the generation a delivery entering now belongs to.
-func (p *slotPool) generation() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.gen
+// ticket is what a delivery holds from entering the pool to done.
+type ticket struct {
+	gen uint64 // the generation it entered in
+	// shared: it entered while deliveries of an earlier generation were
+	// inside, so its latency says nothing of this limit either.
+	shared bool
 }
 
-// done records the latency of one delivery through the pool, which
-// entered in generation gen.
-func (p *slotPool) done(lat time.Duration, gen uint64) {
+// enter counts a delivery entering the pool; done must follow.
+func (p *slotPool) enter() ticket {
 	p.mu.Lock()
-	if gen == p.gen && p.ctl.sample(lat, time.Now()) {
+	defer p.mu.Unlock()
+	p.inside++
+	return ticket{gen: p.gen, shared: p.old > 0}
+}
+
+// done records the latency of one delivery through the pool.
+func (p *slotPool) done(lat time.Duration, t ticket) {
+	p.mu.Lock()
+	p.inside--
+	switch {
+	case t.gen != p.gen:
+		p.old-- // it was inside when the limit changed
+	case t.shared:
+	case p.ctl.sample(lat, time.Now()):
 		p.gen++
-		p.handOver() // the limit may have grown
+		p.old = p.inside // every delivery inside is of an earlier limit now
+		p.handOver()     // the limit may have grown
 	}
 	p.mu.Unlock()
 }
@@ -156,9 +173,10 @@ func (p *slotPool) stats() (limit int, trials, kept uint64) {
 // adaptive is the slot limit's controller: an incumbent limit, measured
 // epoch after epoch, and now and then a sweep of others, one epoch each.
 // A sweep goes one way — halving the slots, or doubling them — for as
-// long as each step is not worse than the best seen so far (so that it
-// crosses a plateau, such as every limit above the connection pool's
-// size, where slots make no difference), and then keeps the best step if
+// long as each step is within adaptGain of the best seen so far (so that
+// it crosses a plateau, such as every limit above the connection pool's
+// size, where slots make no difference, and the noise on it), and then
+// keeps the best step if
 // it beat the incumbent: by adaptGain for fewer slots, or by not losing
 // adaptSlack for more. Sweeps alternate their direction; one that keeps
 // nothing backs off. Not safe for concurrent use (slotPool.mu guards it).
@@ -185,11 +203,6 @@ type adaptive struct {
 	backoff      int     // wait after a sweep that kept nothing, doubling
 	lastPeak     int     // the peak when the last sweep ended
 
-	// settling: the limit just changed; the epoch under way is the new
-	// limit's first, which the deliveries the old one let in still slow
-	// (or speed): it is measured but not judged.
-	settling bool
-
 	trials, kept uint64
 }
 
@@ -210,13 +223,8 @@ func (a *adaptive) sample(lat time.Duration, now time.Time) bool {
 		return false
 	}
 	before := a.limit
-	if a.settling {
-		a.settling = false
-	} else {
-		a.decide(float64(a.sum)/float64(a.n), a.peak)
-	}
+	a.decide(float64(a.sum)/float64(a.n), a.peak)
 	a.n, a.sum, a.peak = 0, 0, 0
-	a.settling = a.limit != before
 	return a.limit != before
 }
 
@@ -259,7 +267,7 @@ func (a *adaptive) decide(mean float64, peak int) {
 		if mean < a.bestLat {
 			a.best, a.bestLat = a.limit, mean
 		}
-		if mean <= a.bestLat*(1+adaptSlack) {
+		if mean <= a.bestLat*(1+adaptGain) {
 			if next := a.step(a.limit, a.dir, peak); next != 0 {
 				a.limit = next
 				a.trials++

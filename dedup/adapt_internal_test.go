@@ -113,8 +113,8 @@ func TestAdaptiveStaysOffWhereGroupsLose(t *testing.T) {
 }
 
 // At a tie grouping stays off: a sweep of fewer slots must gain. (Its
-// epochs cost nothing here, every limit being as fast; with each step's
-// first epoch left to settle, they are under one in six.)
+// epochs cost nothing here, every limit being as fast; they are under one
+// in six.)
 func TestAdaptivePrefersLessGroupingAtATie(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
 	a := newAdaptiveForTest()
@@ -196,4 +196,26 @@ func TestSlotPoolHandsOver(t *testing.T) {
 	g.handOver()
 	g.mu.Unlock()
 	<-done
+}
+
+// An epoch measures a limit by the deliveries that entered under it once
+// every delivery of an earlier limit was done: neither those still inside
+// when the limit changed, nor those that entered beside them.
+func TestSlotPoolMeasuresOnlySettledDeliveries(t *testing.T) {
+	p := newSlotPool(0, unbounded, nil)
+	before := p.enter() // inside when the limit changes
+	p.gen++             // as a decision that changed the limit does
+	p.old = p.inside
+	beside := p.enter() // enters while before is still inside
+	require.True(t, beside.shared)
+	p.done(time.Hour, before)
+	p.done(time.Hour, beside)
+	require.Zero(t, p.ctl.n, "a latency of an unsettled delivery was sampled")
+	require.Zero(t, p.old)
+	require.Zero(t, p.inside)
+	after := p.enter()
+	require.False(t, after.shared)
+	p.done(time.Millisecond, after)
+	require.Equal(t, 1, p.ctl.n)
+	require.Equal(t, time.Millisecond, p.ctl.sum)
 }

@@ -199,7 +199,7 @@ func kickForming[T any](f *forming[T]) {
 // join adds item to the forming batch and waits for its release;
 // expected says whether it was announced.
 func (b *batcher[T]) join(item T, expected bool) {
-	start, gen := time.Now(), b.slots.generation()
+	start, tk := time.Now(), b.slots.enter()
 	b.mu.Lock()
 	if expected {
 		b.expected--
@@ -228,7 +228,7 @@ func (b *batcher[T]) join(item T, expected bool) {
 	b.mu.Lock()
 	b.inPool--
 	b.mu.Unlock()
-	b.slots.done(time.Since(start), gen)
+	b.slots.done(time.Since(start), tk)
 }
 
 // lead waits for a statement slot, lets the batch fill while it lingers,

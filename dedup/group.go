@@ -248,7 +248,7 @@ func kick(gr *group) {
 // free and no group is forming (never with a Pipeline, whose handlers
 // queue on a group's session); as a member of a group otherwise.
 func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) ([]*message.Message, Outcome, error) {
-	start, gen := time.Now(), g.slots.generation()
+	start, tk := time.Now(), g.slots.enter()
 	m := &member{msg: msg, ctx: msg.Context(), h: h, id: id, done: make(chan struct{})}
 	g.mu.Lock()
 	if g.open == nil && g.cfg.Pipeline == nil && g.slots.tryTake() {
@@ -260,7 +260,7 @@ func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) (
 		g.mu.Lock()
 		g.held--
 		g.mu.Unlock()
-		g.slots.done(time.Since(start), gen)
+		g.slots.done(time.Since(start), tk)
 		return out, outcome, err
 	}
 	gr, lead := g.open, false
@@ -285,7 +285,7 @@ func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) (
 	g.mu.Lock()
 	g.held--
 	g.mu.Unlock()
-	g.slots.done(time.Since(start), gen)
+	g.slots.done(time.Since(start), tk)
 	var pe *PermanentError
 	if errors.As(m.err, &pe) {
 		return g.d.recordPermanent(m.ctx, msg, id, pe, m.err)
