@@ -27,6 +27,9 @@
 #   --msgs N                messages per measurement (5000 by default)
 #   --rounds N              measurements per scenario, dialect and worker count, interleaved;
 #                           BENCH reports the median (3 by default; each round is logged to stderr)
+#   --warmup D              per measurement, how long the workers keep delivering before the clock
+#                           starts (2s; --quick 1s), so that the adaptive limits of groups and
+#                           batches are measured settled: a consumer runs for hours, not for 5000 messages
 #   --growth 0,1m,10m       inbox sizes for the growth scenario
 #   --keys random,uuidv7    event IDs for growth and purge: random (UUIDv4, the default) and/or
 #                           time-ordered (UUIDv7); growth's uuidv7 scenarios are growth_uuidv7_<size>

@@ -81,6 +81,7 @@ type options struct {
 	scenarios    []string
 	msgs         int
 	rounds       int
+	warmup       time.Duration
 	growth       []int64
 	keys         []keyOrder
 	layouts      []string
@@ -130,6 +131,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&workers, "workers", "", "concurrent workers per measurement (default 1,8,32; 1,2 with --smoke)")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(defaultScenarios, ","), "scenarios to run (purge only when named)")
 	fs.IntVar(&o.msgs, "msgs", 0, "messages per measurement (default 5000; 1000 with --quick; 24 with --smoke)")
+	fs.DurationVar(&o.warmup, "warmup", 0, "per measurement, after the first deliveries, how long workers keep delivering before the clock starts, so that adaptive limits are measured settled (default 2s; 1s with --quick; 0 with --smoke)")
 	fs.IntVar(&o.rounds, "rounds", 0, "measurements per scenario, dialect and worker count, interleaved; the median is reported (default 3)")
 	fs.StringVar(&sizes, "growth", "", "inbox sizes for growth, e.g. 0,1m,10m (default 0,1m,10m; 0,1m with --quick; 0,1k with --smoke)")
 	fs.StringVar(&layouts, "layouts", layoutPlain, "inbox tables for growth: plain, partitioned (PostgreSQL's, day partitions), or both")
@@ -240,6 +242,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o.rounds = 1
 	default:
 		o.rounds = 3
+	}
+	switch {
+	case flagSet(fs, "warmup") && o.warmup < 0:
+		errs = append(errs, fmt.Errorf("--warmup %v is negative", o.warmup))
+	case flagSet(fs, "warmup"):
+	case o.smoke:
+		o.warmup = 0
+	case o.quick:
+		o.warmup = time.Second
+	default:
+		o.warmup = 2 * time.Second
 	}
 	switch {
 	case sizes != "":

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -187,4 +188,42 @@ func percentiles(lat []time.Duration) (p50, p99 time.Duration) {
 	slices.Sort(s)
 	rank := func(p int) time.Duration { return s[max((len(s)*p+99)/100-1, 0)] }
 	return rank(50), rank(99)
+}
+
+// warmFor runs h with workers goroutines, each delivering fresh messages
+// one after another, until d has passed, and returns how many it
+// delivered. It keeps the load steady for that long, as the measured run
+// does, so that what adapts to the load (connection pools, the adaptive
+// limits of groups and batches) is measured settled, not starting.
+func warmFor(ctx context.Context, workers int, d time.Duration, h message.HandlerFunc) (int, error) {
+	if d <= 0 {
+		return 0, nil
+	}
+	deadline := time.Now().Add(d)
+	var (
+		wg     sync.WaitGroup
+		n      atomic.Int64
+		failed atomic.Bool
+		errs   = make([]error, workers)
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(deadline) && !failed.Load() && ctx.Err() == nil; i++ {
+				msg := newMessages(1, nil)[0]
+				if _, err := h(msg); err != nil {
+					errs[w] = fmt.Errorf("warm-up message (event %s): %w", eventID(msg), err)
+					failed.Store(true)
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return int(n.Load()), ctx.Err()
 }

@@ -95,11 +95,15 @@ func (b *bench) measureScenario(ctx context.Context, d dialect, s scenario, work
 	if err := deliverAll(ctx, workers, warm, p.deliver); err != nil {
 		return result{}, fmt.Errorf("warm-up: %w", err)
 	}
+	warmed, err := warmFor(ctx, workers, b.opts.warmup, p.deliver)
+	if err != nil {
+		return result{}, err
+	}
 	r, err := measure(ctx, workers, msgs, p.deliver, nil)
 	if err != nil {
 		return result{}, err
 	}
-	if err := p.check(ctx, len(warm)+len(msgs)); err != nil {
+	if err := p.check(ctx, len(warm)+warmed+len(msgs)); err != nil {
 		return result{}, fmt.Errorf("check: %w", err)
 	}
 	if p.note != nil {
