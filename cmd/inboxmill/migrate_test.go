@@ -14,7 +14,7 @@ import (
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
 	"github.com/inboxmill/inboxmill/inbox/migrationfiles"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // TestMigrate takes a table through up, status, validate and down on

@@ -19,7 +19,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup/horizon"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 const topic = "orders"

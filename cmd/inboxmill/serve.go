@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/inboxmill/inboxmill/internal/console"
+	"github.com/inboxmill/inboxmill/cmd/inboxmill/internal/console"
 )
 
 func (a *app) serveCmd() *cobra.Command {

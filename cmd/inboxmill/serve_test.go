@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmill/inboxmill/internal/console"
+	"github.com/inboxmill/inboxmill/cmd/inboxmill/internal/console"
 )
 
 // syncBuffer is a bytes.Buffer the command writes while the test reads.

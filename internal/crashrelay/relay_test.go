@@ -16,7 +16,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/internal/crashrelay"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // TestMain fails the package's tests when a process or the supervisor

@@ -42,26 +42,43 @@ func list(t *testing.T, args ...string) []pkg {
 func rel(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path, module), "/") }
 
 // floor is a package's height in the house: a package may import only
-// packages on its own floor or below. internal/ helpers sit with what
-// they serve; test-only helpers are checked separately.
+// packages on its own floor or below. internal/ is the ground floor:
+// helpers that import nothing of the module (TestInternalIsGround); a
+// helper of one package only sits beside it (the web console under
+// cmd/inboxmill/internal), and the test harnesses under tests/.
 func floor(path string) int {
 	p := rel(path)
 	switch {
-	case p == "inbox" || strings.HasPrefix(p, "internal/service") || strings.HasPrefix(p, "internal/canonjson") ||
-		p == "internal/dsn":
+	case p == "internal/crashrelay" || p == "internal/kafkatest" || p == "internal/layout":
+		return -1 // harnesses of the examples and tests, on the ground floor too
+	case strings.HasPrefix(p, "internal/"):
 		return 0
+	case p == "inbox":
+		return 1
 	case strings.HasPrefix(p, "inbox/"):
-		return 1 // dialects and the store's test kit
+		return 2 // dialects and the store's test kit
 	case p == "dedup" || strings.HasPrefix(p, "dedup/"):
-		return 2
-	case strings.HasPrefix(p, "handlers/"):
 		return 3
-	case strings.HasPrefix(p, "internal/console"):
-		return 3 // the web console, below the command that serves it
-	case strings.HasPrefix(p, "cmd/"):
+	case strings.HasPrefix(p, "handlers/"):
 		return 4
+	case strings.HasPrefix(p, "cmd/"):
+		return 5
 	}
 	return -1 // examples, tests and test helpers: not part of the library
+}
+
+// TestInternalIsGround keeps internal/ one level: its packages import no
+// package of the module, so that every arrow into internal/ points down.
+// A helper that needs the store or the middleware belongs beside its one
+// user, or under tests/ when tests share it.
+func TestInternalIsGround(t *testing.T) {
+	for _, p := range list(t, "./internal/...") {
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, module+"/") {
+				t.Errorf("%s imports %s: packages under internal/ import nothing of the module", rel(p.ImportPath), rel(imp))
+			}
+		}
+	}
 }
 
 var drivers = []string{
@@ -86,7 +103,7 @@ func TestDependenciesPointDown(t *testing.T) {
 				if g := floor(imp); g > f {
 					t.Errorf("%s (floor %d) imports %s (floor %d): dependencies must point down", rel(p.ImportPath), f, rel(imp), g)
 				}
-				if r := rel(imp); strings.HasPrefix(r, "internal/testdb") || strings.HasPrefix(r, "internal/testkit") ||
+				if r := rel(imp); strings.HasPrefix(r, "tests/") ||
 					strings.HasPrefix(r, "internal/") && strings.HasSuffix(r, "test") {
 					t.Errorf("%s imports the test helper %s", rel(p.ImportPath), rel(imp))
 				}
@@ -114,7 +131,7 @@ func TestDependenciesPointDown(t *testing.T) {
 // the database), and the headless browser is a test dependency only.
 func TestOperatorToolingStaysOut(t *testing.T) {
 	cliOnly := []string{"github.com/spf13/cobra", "github.com/spf13/pflag", "github.com/schollz/progressbar",
-		module + "/internal/console"}
+		module + "/cmd/inboxmill/internal/console"}
 	for _, p := range list(t, "./...") {
 		r := rel(p.ImportPath)
 		isCmd := strings.HasPrefix(r, "cmd/")
@@ -127,7 +144,7 @@ func TestOperatorToolingStaysOut(t *testing.T) {
 			if strings.HasPrefix(imp, "github.com/chromedp/") {
 				t.Errorf("%s imports %s outside its tests", r, imp)
 			}
-			if strings.HasPrefix(r, "internal/console") && strings.HasPrefix(imp, "github.com/ThreeDotsLabs/") {
+			if strings.HasPrefix(r, "cmd/inboxmill/internal/console") && strings.HasPrefix(imp, "github.com/ThreeDotsLabs/") {
 				t.Errorf("%s imports %s; the console works on the store alone", r, imp)
 			}
 		}

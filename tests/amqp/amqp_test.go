@@ -17,8 +17,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmill/inboxmill/internal/testdb"
-	tt "github.com/inboxmill/inboxmill/internal/transporttest"
+	tt "github.com/inboxmill/inboxmill/tests/internal/transporttest"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 func TestMain(m *testing.M) { tt.Main(m, transport{}) }

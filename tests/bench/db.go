@@ -19,7 +19,7 @@ import (
 	"github.com/inboxmill/inboxmill/inbox/mysql"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/testdb" // DSNs (and their environment overrides), drivers, table names
+	"github.com/inboxmill/inboxmill/tests/testdb" // DSNs (and their environment overrides), drivers, table names
 )
 
 // dialect is one database as the benchmark reaches it.

@@ -21,10 +21,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmill/inboxmill/internal/testdb"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/broker"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/consumer"
 	"github.com/inboxmill/inboxmill/tests/chaos/internal/driver"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // roleEnv tells a re-executed test binary which program to be.

@@ -44,7 +44,7 @@ type healthcheck struct {
 	StartPeriod string   `yaml:"start_period"`
 }
 
-// The servers the examples' flags and internal/testdb default to.
+// The servers the examples' flags and tests/testdb default to.
 const (
 	postgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	mysqlDSN    = "root@tcp(127.0.0.1:3306)/test?parseTime=true"

@@ -52,7 +52,7 @@ import (
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 var eventsFlag = flag.Int("failover.events", 0, "events per subtest (default: $INBOXMILL_FAILOVER_EVENTS or 500)")

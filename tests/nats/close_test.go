@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmill/inboxmill/internal/testdb"
-	"github.com/inboxmill/inboxmill/internal/testkit"
-	tt "github.com/inboxmill/inboxmill/internal/transporttest"
+	tt "github.com/inboxmill/inboxmill/tests/internal/transporttest"
+	"github.com/inboxmill/inboxmill/tests/testdb"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // TestCloseMidStream closes routers on the tests' subscriber while

@@ -18,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmill/inboxmill/internal/testdb"
-	tt "github.com/inboxmill/inboxmill/internal/transporttest"
+	tt "github.com/inboxmill/inboxmill/tests/internal/transporttest"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 func TestMain(m *testing.M) { tt.Main(m, transport{}) }

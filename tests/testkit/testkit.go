@@ -1,7 +1,7 @@
 // Package testkit holds the helpers this module's own tests share: a
 // recording watermill logger, a clock the tests move forward, and migrated
 // SQLite inbox stores. It is for tests only (_test.go files); nothing else
-// in the module may import it.
+// in the module may import it, and it makes no promise of compatibility.
 //
 // The real databases themselves are opened by package testdb.
 package testkit
@@ -22,7 +22,7 @@ import (
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // Clock is inboxtest.Clock: the wall clock plus an offset tests move.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 func TestClock(t *testing.T) {
@@ -84,9 +84,9 @@ func TestSQLiteStore(t *testing.T) {
 }
 
 // TestOnlyTestsImportTestkit: no package of the module imports testkit
-// outside its _test.go files, but the test-support packages under
-// internal/ whose names end in "test" (transporttest, ...), which only
-// tests import (internal/layout checks that).
+// outside its _test.go files, but the test harnesses under tests/internal/
+// (transporttest, ...), which only tests import (Go's internal rule, and
+// internal/layout, check that).
 func TestOnlyTestsImportTestkit(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("go"); err != nil {
@@ -95,10 +95,10 @@ func TestOnlyTestsImportTestkit(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}:{{range .Imports}} {{.}}{{end}}",
 		"github.com/inboxmill/inboxmill/...").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	const self = "github.com/inboxmill/inboxmill/internal/testkit"
+	const self = "github.com/inboxmill/inboxmill/tests/testkit"
 	for line := range strings.Lines(string(out)) {
 		pkg, imports, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if strings.HasPrefix(pkg, "github.com/inboxmill/inboxmill/internal/") && strings.HasSuffix(pkg, "test") {
+		if strings.HasPrefix(pkg, "github.com/inboxmill/inboxmill/tests/internal/") {
 			continue
 		}
 		require.NotContains(t, strings.Fields(imports), self, "%s imports testkit outside its tests", pkg)

@@ -10,9 +10,9 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/inboxmill/inboxmill/cmd/inboxmill/internal/console"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/console"
 )
 
 // Serving the console: refuse an open address without a token, then mount

@@ -1,4 +1,8 @@
-// Package testdb opens the real databases the tests run against.
+// Package testdb opens the real databases the tests run against. It is
+// this module's test harness, shared by the tests of every package (which
+// is why it sits under tests/ and not under internal/, whose packages
+// import nothing of the module): not an API, and without any promise of
+// compatibility.
 //
 // PostgreSQL and MySQL/MariaDB are reached at INBOXMILL_POSTGRES_DSN and
 // INBOXMILL_MYSQL_DSN (defaults: the local servers scripts/test.sh checks).

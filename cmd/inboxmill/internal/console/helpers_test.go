@@ -19,10 +19,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmill/inboxmill/cmd/inboxmill/internal/console"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
-	"github.com/inboxmill/inboxmill/internal/console"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // xssKey is a key that runs script if a page does not escape it.
