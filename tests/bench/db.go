@@ -122,6 +122,7 @@ type fixture struct {
 	insert  string // INSERT INTO effects (event_id, amount)
 	prepare inbox.Prepare
 	group   dedup.Group // inboxmill_group's settings
+	batch   dedup.Batch // inboxmill_reserve_batch's settings
 	logf    func(format string, args ...any)
 	// cleanups run at close, before the tables are dropped.
 	cleanups []func(ctx context.Context)
@@ -130,7 +131,7 @@ type fixture struct {
 // newFixture opens a dedicated *sql.DB with conns connections and creates
 // the business table.
 func (b *bench) newFixture(ctx context.Context, d dialect, prefix string, conns int) (*fixture, error) {
-	f := &fixture{d: d, prepare: b.opts.prepare, group: b.opts.group, logf: b.logf}
+	f := &fixture{d: d, prepare: b.opts.prepare, group: b.opts.group, batch: b.opts.batch, logf: b.logf}
 	dsn := ""
 	if d.name == "sqlite" {
 		f.file = filepath.Join(b.sqliteDir, testdb.UniqueName(prefix)+".db")

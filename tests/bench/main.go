@@ -93,6 +93,8 @@ type options struct {
 	prepare      inbox.Prepare
 	// group is the group commit settings of inboxmill_group.
 	group dedup.Group
+	// batch is the reserve batch settings of inboxmill_reserve_batch.
+	batch dedup.Batch
 	// partitions are the Kafka topics' partition counts.
 	partitions []int
 	// sqlQueueBatch is the SubscribeBatchSize of the sqlqueue scenario's
@@ -143,6 +145,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.group.Coordinators, "group-coordinators", 0, "inboxmill_group's dedup.Group.Coordinators (default: the library's)")
 	fs.IntVar(&o.group.MaxSize, "group-size", 0, "inboxmill_group's dedup.Group.MaxSize (default: the library's)")
 	fs.DurationVar(&o.group.MaxLinger, "group-linger", 0, "inboxmill_group's dedup.Group.MaxLinger (default: the library's)")
+	fs.IntVar(&o.batch.Statements, "batch-statements", 0, "inboxmill_reserve_batch's dedup.Batch.Statements (default: the library's)")
 	fs.StringVar(&partitionList, "partitions", "4", "the kafka scenario's partition counts, each measured with its own topics (watermill-kafka handles one message per partition at a time)")
 	fs.StringVar(&kafkaVariantList, "kafka-variants", "", "the kafka scenario's variants (default all: "+strings.Join(kafkaVariants, ",")+")")
 	fs.IntVar(&o.kafkaInFlight, "kafka-in-flight", 0, "the parallel consumer's MaxInFlightPerPartition (default: the library's)")

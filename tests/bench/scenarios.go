@@ -66,7 +66,8 @@ var perDialect = []scenario{
 	// Reserve mode with batches: deliveries in flight share their
 	// reservation statement and their completion statement.
 	{"inboxmill_reserve_batch", func(ctx context.Context, f *fixture) (plan, error) {
-		return planReserve(ctx, f, &dedup.Batch{})
+		b := f.batch
+		return planReserve(ctx, f, &b)
 	}, ""},
 	{"watermill_dedup", planWatermill, ""},
 	{"select_then_insert", planSelectThenInsert, ""},
