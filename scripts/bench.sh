@@ -44,6 +44,7 @@
 #   --partitions 4,16       the kafka scenario's partition counts
 #   --kafka-variants LIST   the kafka scenario's variants (plain, inboxmill, group, group_pgx, parallel_plain,
 #                           parallel, parallel_group, parallel_group_pgx; all by default)
+#   --kafka-warmup N        the kafka scenario's messages handled before its clock starts (30000; --quick 10000)
 #   --kafka-in-flight N     the parallel consumer's MaxInFlightPerPartition (32 by default)
 #   --kafka-pool N          the database pool of the parallel variants (16)
 #

@@ -89,17 +89,23 @@ func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 			}
 		}
 	}
-	brokers := kafkatest.Start(h, int32(partitions), topics...)
 	rounds := map[string][]result{}
 	var order []string
 	for i, r := range runs {
-		records := make([]kafkatest.Record, b.opts.msgs)
-		for j, msg := range newMessages(b.opts.msgs, nil) {
+		// A broker of its own for each run, closed after it: the records
+		// of the runs before (the warm-ups' too) do not pile up in this
+		// process's heap.
+		rh := &harness{}
+		defer rh.close()
+		brokers := kafkatest.Start(rh, int32(partitions), r.topic)
+		total := b.opts.kafkaWarmup + b.opts.msgs
+		records := make([]kafkatest.Record, total)
+		for j, msg := range newMessages(total, nil) {
 			records[j] = kafkatest.Record{Partition: int32(j % partitions), Value: msg.Payload,
 				Key:     fmt.Appendf(nil, "acct-%d", j%kafkaKeys),
 				Headers: map[string]string{"event_id": eventID(msg)}}
 		}
-		kafkatest.Produce(h, brokers, r.topic, records)
+		kafkatest.Produce(rh, brokers, r.topic, records)
 		kcfg := kafka.SubscriberConfig{
 			Brokers:               brokers,
 			Unmarshaler:           kafka.DefaultMarshaler{},
@@ -121,7 +127,9 @@ func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 			return err
 		}
 		scenario := "kafka_" + r.variant
-		res, err := b.consume(ctx, r.d, scenario, conns, sub, r.topic, nil)
+		res, err := b.consume(ctx, r.d, scenario, conns, sub, r.topic, nil, b.opts.kafkaWarmup)
+		rh.close()
+		rh.cleanups = nil
 		if err != nil {
 			return fmt.Errorf("%s on %s with %d partitions: %w", r.variant, r.d.name, partitions, err)
 		}
@@ -207,7 +215,7 @@ func (b *bench) sqlQueueOn(ctx context.Context, scenario string, batch int) erro
 	if err != nil {
 		return err
 	}
-	r, err := b.consumeOn(ctx, f, scenario, 1, sub, topic, watermillsql.Tx)
+	r, err := b.consumeOn(ctx, f, scenario, 1, sub, topic, watermillsql.Tx, 0)
 	if err == nil {
 		b.report(r)
 	}
@@ -217,20 +225,21 @@ func (b *bench) sqlQueueOn(ctx context.Context, scenario string, batch int) erro
 // consume runs one variant on a fixture of its own, with a pool of conns
 // connections.
 func (b *bench) consume(ctx context.Context, d dialect, scenario string, conns int, sub message.Subscriber,
-	topic string, join dedup.TxJoiner) (result, error) {
+	topic string, join dedup.TxJoiner, warm int) (result, error) {
 	f, err := b.newFixture(ctx, d, "e2e", conns)
 	if err != nil {
 		return result{}, err
 	}
 	defer f.close()
-	return b.consumeOn(ctx, f, scenario, conns, sub, topic, join)
+	return b.consumeOn(ctx, f, scenario, conns, sub, topic, join, warm)
 }
 
 // consumeOn routes topic from sub to the variant's handler until every
-// message was handled, and returns the throughput from the first
-// message's arrival to the last one's end.
+// message (warm of them first, then --msgs) was handled, and returns the
+// throughput of the --msgs: from the warm-up's last completion (or the
+// first message's arrival) to the last one's end.
 func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, workers int, sub message.Subscriber,
-	topic string, join dedup.TxJoiner) (result, error) {
+	topic string, join dedup.TxJoiner, warm int) (result, error) {
 	handler := func(msg *message.Message) error {
 		// The transaction the transport consumes in, if it has one.
 		if tx, ok := watermillsql.Tx(msg.Context()); ok {
@@ -244,7 +253,7 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 	if err != nil {
 		return result{}, err
 	}
-	t := newE2ETimer(b.opts.msgs)
+	t := newE2ETimer(warm, b.opts.msgs)
 	router.AddMiddleware(t.middleware)
 	var d *dedup.Deduplicator
 	switch scenario {
@@ -287,13 +296,13 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 	case <-ctx.Done():
 		waitErr = ctx.Err()
 	case <-time.After(e2eTimeout):
-		waitErr = fmt.Errorf("%d of %d messages handled after %v", t.completed.Load(), b.opts.msgs, e2eTimeout)
+		waitErr = fmt.Errorf("%d of %d messages handled after %v", t.completed.Load(), warm+b.opts.msgs, e2eTimeout)
 	}
 	if waitErr == nil {
 		// The transport commits after the handler chain returned (the
 		// watermill-sql subscriber on the ack): wait for the last commits
 		// before closing, or the close would roll them back.
-		waitErr = f.awaitRows(ctx, f.effects, b.opts.msgs)
+		waitErr = f.awaitRows(ctx, f.effects, warm+b.opts.msgs)
 	}
 	if err := errors.Join(waitErr, router.Close()); err != nil {
 		return result{}, err
@@ -304,11 +313,11 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 			scenario, f.d.name, gs.Groups, float64(gs.Members)/float64(max(gs.Groups, 1)), gs.Solo, gs.Coordinators, gs.Trials, gs.Kept)
 	}
 	if d != nil {
-		if st := d.Stats(); st.Executed != uint64(b.opts.msgs) {
-			return result{}, fmt.Errorf("middleware stats %+v, want %d executed", st, b.opts.msgs)
+		if st := d.Stats(); st.Executed != uint64(warm+b.opts.msgs) {
+			return result{}, fmt.Errorf("middleware stats %+v, want %d executed", st, warm+b.opts.msgs)
 		}
 	}
-	if err := f.expectRows(ctx, f.effects, b.opts.msgs); err != nil {
+	if err := f.expectRows(ctx, f.effects, warm+b.opts.msgs); err != nil {
 		return result{}, err
 	}
 	r := t.result()
@@ -316,40 +325,58 @@ func (b *bench) consumeOn(ctx context.Context, f *fixture, scenario string, work
 	return r, nil
 }
 
-// e2eTimer is the router's outermost middleware: it times each delivery
-// that succeeds and closes done when n have.
+// e2eTimer is the router's outermost middleware: after warm deliveries
+// have succeeded, it times each of the next n that succeeds, and closes
+// done when they have.
 type e2eTimer struct {
-	n          int
+	warm, n    int
 	lat        []time.Duration
 	slot       atomic.Int64
 	completed  atomic.Int64
+	started    atomic.Bool
 	first      sync.Once
 	start, end time.Time
 	m0, m1     runtime.MemStats
 	done       chan struct{}
 }
 
-func newE2ETimer(n int) *e2eTimer {
-	return &e2eTimer{n: n, lat: make([]time.Duration, n), done: make(chan struct{})}
+func newE2ETimer(warm, n int) *e2eTimer {
+	return &e2eTimer{warm: warm, n: n, lat: make([]time.Duration, n), done: make(chan struct{})}
+}
+
+// begin starts the clock.
+func (t *e2eTimer) begin() {
+	t.first.Do(func() {
+		runtime.ReadMemStats(&t.m0)
+		t.start = time.Now()
+		t.started.Store(true)
+	})
 }
 
 func (t *e2eTimer) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		t.first.Do(func() {
-			runtime.ReadMemStats(&t.m0)
-			t.start = time.Now()
-		})
+		if t.warm == 0 {
+			t.begin() // at the first arrival
+		}
+		// A delivery counts toward the latencies when it arrived with the
+		// clock running.
+		timed := t.started.Load()
 		t0 := time.Now()
 		out, err := h(msg)
 		if err != nil {
 			return out, err
 		}
-		if i := t.slot.Add(1); i <= int64(t.n) {
-			t.lat[i-1] = time.Since(t0)
+		if timed {
+			if i := t.slot.Add(1); i <= int64(t.n) {
+				t.lat[i-1] = time.Since(t0)
+			}
 		}
 		// Every latency is written before its completion is counted, so
 		// the last count sees them all.
-		if t.completed.Add(1) == int64(t.n) {
+		switch t.completed.Add(1) {
+		case int64(t.warm):
+			t.begin() // the warm-up's last completion
+		case int64(t.warm + t.n):
 			t.end = time.Now()
 			runtime.ReadMemStats(&t.m1)
 			close(t.done)
@@ -360,10 +387,11 @@ func (t *e2eTimer) middleware(h message.HandlerFunc) message.HandlerFunc {
 
 // result may be called once done is closed. Allocations are the whole
 // process's: with Kafka that includes Sarama and the in-process broker.
+// Latencies are of the deliveries that arrived with the clock running.
 func (t *e2eTimer) result() result {
 	r := result{msgs: t.n, perSec: float64(t.n) / t.end.Sub(t.start).Seconds(),
 		allocs: float64(t.m1.Mallocs-t.m0.Mallocs) / float64(t.n)}
-	r.p50, r.p99 = percentiles(t.lat)
+	r.p50, r.p99 = percentiles(t.lat[:min(int(t.slot.Load()), t.n)])
 	return r
 }
 

@@ -105,6 +105,9 @@ type options struct {
 	// MaxInFlightPerPartition and its variants' pool size.
 	kafkaVariants            []string
 	kafkaInFlight, kafkaPool int
+	// kafkaWarmup is how many messages each kafka measurement handles
+	// before its clock starts.
+	kafkaWarmup int
 	// backlog is kafka_backlog's deep topic and backlogConsume how many
 	// messages each of its consumers takes from it.
 	backlog        int64
@@ -149,6 +152,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&partitionList, "partitions", "4", "the kafka scenario's partition counts, each measured with its own topics (watermill-kafka handles one message per partition at a time)")
 	fs.StringVar(&kafkaVariantList, "kafka-variants", "", "the kafka scenario's variants (default all: "+strings.Join(kafkaVariants, ",")+")")
 	fs.IntVar(&o.kafkaInFlight, "kafka-in-flight", 0, "the parallel consumer's MaxInFlightPerPartition (default: the library's)")
+	fs.IntVar(&o.kafkaWarmup, "kafka-warmup", -1, "the kafka scenario's messages handled before the clock starts, published with the measured ones (default 30000; 10000 with --quick; 0 with --smoke)")
 	fs.IntVar(&o.kafkaPool, "kafka-pool", 16, "the database pool of the kafka scenario's parallel variants (the others get partitions+2)")
 	var backlog string
 	fs.StringVar(&backlog, "backlog", "1m", "kafka_backlog: the deep topic's messages (a topic of a hundredth as many is the baseline)")
@@ -215,6 +219,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		errs = append(errs, fmt.Errorf("--backlog %q: want a positive size such as 1m", backlog))
 	} else {
 		o.backlog = n
+	}
+	switch {
+	case flagSet(fs, "kafka-warmup") && o.kafkaWarmup < 0:
+		errs = append(errs, fmt.Errorf("--kafka-warmup %d is negative", o.kafkaWarmup))
+	case flagSet(fs, "kafka-warmup"):
+	case o.smoke:
+		o.kafkaWarmup = 0
+	case o.quick:
+		o.kafkaWarmup = 10000
+	default:
+		o.kafkaWarmup = 30000
 	}
 	if o.kafkaPool < 1 {
 		errs = append(errs, fmt.Errorf("--kafka-pool %d is not positive", o.kafkaPool))
