@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -289,12 +290,26 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		r.dbs[kind] = d
 	}
 
-	runs := make([]*modeRun, 0, len(modes))
-	var topics []string
-	for _, kind := range dbKinds {
+	// Each mode's share of the events, rounded down; what the rounding
+	// left goes one event each to the first modes, so that the run has
+	// exactly cfg.Events.
+	counts := make([]int, 0, len(dbKinds)*len(modes))
+	left := cfg.Events
+	for range dbKinds {
 		for _, m := range modes {
 			n := int(float64(cfg.Events) * modeShare[m] / totalShare(modes) / float64(len(dbKinds)))
-			mr := newModeRun(r, r.dbs[kind], m, n)
+			counts = append(counts, n)
+			left -= n
+		}
+	}
+	for i := 0; left > 0; i, left = (i+1)%len(counts), left-1 {
+		counts[i]++
+	}
+	runs := make([]*modeRun, 0, len(counts))
+	var topics []string
+	for i, kind := range dbKinds {
+		for j, m := range modes {
+			mr := newModeRun(r, r.dbs[kind], m, counts[i*len(modes)+j])
 			runs = append(runs, mr)
 			topics = append(topics, mr.kafkaTopics()...)
 		}
@@ -315,6 +330,11 @@ func Run(ctx context.Context, cfg Config) (tot Totals, err error) {
 		case <-broker.done:
 		case <-time.After(5 * time.Second):
 		}
+	}()
+
+	peak := watchSize(r.logDir)
+	defer func() {
+		r.printf("chaos: the log directory (histories, logs, the broker's data) peaked at %d MB", peak()>>20)
 	}()
 
 	switch {
@@ -505,4 +525,44 @@ func (r *runner) restartBroker(ctx context.Context) (time.Duration, error) {
 	}
 	r.broker = p
 	return time.Since(start), nil
+}
+
+// watchSize samples the size of the files under dir every few seconds
+// until the function it returns is called, which stops the sampling and
+// returns the largest size seen (in bytes): what a run needs of the disk.
+func watchSize(dir string) func() int64 {
+	stop, done := make(chan struct{}), make(chan struct{})
+	var peak int64
+	go func() {
+		defer close(done)
+		t := time.NewTicker(3 * time.Second)
+		defer t.Stop()
+		for {
+			peak = max(peak, dirSize(dir))
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	var once sync.Once
+	return func() int64 {
+		once.Do(func() { close(stop); <-done; peak = max(peak, dirSize(dir)) })
+		return peak
+	}
+}
+
+// dirSize returns the size of the regular files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }
