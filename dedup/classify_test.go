@@ -14,8 +14,8 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/internal/testdb"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testdb"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // A handler's own errors are not the database's: an io.EOF from decoding a

@@ -18,8 +18,8 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/testdb"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testdb"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // unmigratedStore returns a store that has never touched its database.

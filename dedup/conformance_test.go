@@ -9,7 +9,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // TestConformance runs the middleware's suite on every database and driver

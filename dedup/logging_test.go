@@ -16,7 +16,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 const hotKey = "evt-reused-4711" // never to appear in a log line

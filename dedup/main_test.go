@@ -3,7 +3,7 @@ package dedup_test
 import (
 	"testing"
 
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // TestMain fails the package's tests when any goroutine outlives them: a

@@ -15,7 +15,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // reserveStore returns a migrated SQLite store on a clock the test moves.

@@ -24,7 +24,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 const tracedKey = "order-7781-secret" // never to appear in a span

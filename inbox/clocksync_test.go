@@ -12,8 +12,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/internal/testdb"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testdb"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // measuring returns the stacks of the goroutines inside a store's

@@ -14,7 +14,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/mysql"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // TestMigrationsRenderEveryIdentifier checks that no identifier written for

@@ -13,7 +13,7 @@ import (
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
 	"github.com/inboxmill/inboxmill/inbox/mysql"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // TestMySQLOperatorScansUseIndexes checks that the operator tools' scans

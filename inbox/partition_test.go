@@ -16,7 +16,7 @@ import (
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // partitionedStore is a migrated partitioned store on its own table, on a

@@ -14,7 +14,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // countingConnector opens SQLite connections that count how often each

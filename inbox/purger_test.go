@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // expiredStore returns a SQLite store on a clock of its own holding n

@@ -16,7 +16,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // lostAnswerConnector opens SQLite connections on which the next

@@ -13,7 +13,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // maxAllowedPacket is the MySQL server's max_allowed_packet for db's

@@ -17,7 +17,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup/deduptest"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // TestMain fails the package's tests when any goroutine outlives them.

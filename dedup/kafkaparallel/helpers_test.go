@@ -18,7 +18,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/kafkaparallel"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // waitLimit bounds every wait for consumers: generous for -race on two

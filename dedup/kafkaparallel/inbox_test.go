@@ -16,7 +16,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup/kafkaparallel"
 	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // variant is a way of running the dedup middleware behind the parallel

@@ -15,7 +15,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/kafkaparallel"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // withRetries adds a producer retry (same event, same payload, a new

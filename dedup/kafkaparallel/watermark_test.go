@@ -12,7 +12,7 @@ import (
 
 	"github.com/inboxmill/inboxmill/dedup/kafkaparallel"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 var errCrashed = errors.New("the consumer crashed")

@@ -18,7 +18,7 @@ import (
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/dedup/pgxgroup"
 	"github.com/inboxmill/inboxmill/inbox"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // fixture is a pipelined middleware over a fresh inbox and an effects

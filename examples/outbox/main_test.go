@@ -15,7 +15,7 @@ import (
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
 	"github.com/inboxmill/inboxmill/internal/kafkatest"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 var lastLine = regexp.MustCompile(

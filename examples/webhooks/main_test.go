@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 var lastLine = regexp.MustCompile(`(?m)^received=(\d+) rejected=(\d+) published=(\d+) executed=(\d+) duplicates=(\d+)\n\z`)

@@ -19,8 +19,8 @@ import (
 	"github.com/inboxmill/inboxmill/handlers/reconcile"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/sqlite"
-	"github.com/inboxmill/inboxmill/internal/testdb"
-	"github.com/inboxmill/inboxmill/internal/testkit"
+	"github.com/inboxmill/inboxmill/tests/testdb"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // env is a migrated SQLite inbox on a clock the test moves.

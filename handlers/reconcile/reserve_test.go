@@ -16,7 +16,7 @@ import (
 	"github.com/inboxmill/inboxmill/handlers/reconcile"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/inboxtest"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // rig is a reserve-mode inbox on one database: a store over a table of its

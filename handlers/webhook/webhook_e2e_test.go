@@ -21,7 +21,7 @@ import (
 	"github.com/inboxmill/inboxmill/handlers/webhook"
 	"github.com/inboxmill/inboxmill/inbox"
 	"github.com/inboxmill/inboxmill/inbox/postgres"
-	"github.com/inboxmill/inboxmill/internal/testdb"
+	"github.com/inboxmill/inboxmill/tests/testdb"
 )
 
 // TestEndToEnd: one Stripe event delivered five times — twice in a
