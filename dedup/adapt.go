@@ -3,6 +3,7 @@ package dedup
 import (
 	"database/sql"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -50,6 +51,12 @@ type slotPool struct {
 	ctl     adaptive
 	used    int
 	waiting []chan struct{} // leaders waiting for a slot, first first
+	// follow, when set, is the pool whose limit this one keeps: it
+	// measures nothing itself (see newFollower). followers are the pools
+	// that follow this one; lim is the limit in force, for them to read.
+	follow    *slotPool
+	followers []*slotPool
+	lim       atomic.Int64
 	// gen counts the limit's changes. A delivery that entered under
 	// another limit than the one in force when it is done says nothing of
 	// this one, and neither does one that shared the pool with such
@@ -71,14 +78,37 @@ func newSlotPool(fixed, start int, capOf func() int) *slotPool {
 	} else {
 		p.ctl = adaptive{limit: start, incumbent: start, dir: -1, backoff: 1, cap: capOf}
 	}
+	p.lim.Store(int64(p.ctl.limit))
 	return p
+}
+
+// newFollower returns a pool whose limit is leader's. Two stages that
+// share one database (reserve mode's reservations and completions) follow
+// one controller, which measures what both serve — a delivery from its
+// reservation to its completion — rather than each stage its own share of
+// it: a stage's own latency need not improve when fewer statements free
+// the database for the other stage and the handlers.
+func newFollower(leader *slotPool) *slotPool {
+	p := &slotPool{follow: leader}
+	leader.mu.Lock()
+	leader.followers = append(leader.followers, p)
+	leader.mu.Unlock()
+	return p
+}
+
+// limit returns the number of slots in force; p.mu is held.
+func (p *slotPool) limit() int {
+	if p.follow != nil {
+		return int(p.follow.lim.Load())
+	}
+	return p.ctl.limit
 }
 
 // tryTake takes a free slot if there is one and nobody waits for it.
 func (p *slotPool) tryTake() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.waiting) == 0 && p.used < p.ctl.limit {
+	if len(p.waiting) == 0 && p.used < p.limit() {
 		p.used++
 		return true
 	}
@@ -88,7 +118,7 @@ func (p *slotPool) tryTake() bool {
 // take waits for a slot and takes it.
 func (p *slotPool) take() {
 	p.mu.Lock()
-	if len(p.waiting) == 0 && p.used < p.ctl.limit {
+	if len(p.waiting) == 0 && p.used < p.limit() {
 		p.used++
 		p.mu.Unlock()
 		return
@@ -109,7 +139,7 @@ func (p *slotPool) put() {
 
 // handOver gives free slots to waiting leaders; p.mu is held.
 func (p *slotPool) handOver() {
-	for len(p.waiting) > 0 && p.used < p.ctl.limit {
+	for len(p.waiting) > 0 && p.used < p.limit() {
 		ch := p.waiting[0]
 		p.waiting[0] = nil
 		p.waiting = p.waiting[1:]
@@ -140,6 +170,9 @@ func (p *slotPool) enter() ticket {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inside++
+	if p.inside > p.ctl.peak {
+		p.ctl.peak = p.inside
+	}
 	return ticket{gen: p.gen, shared: p.old > 0}
 }
 
@@ -147,20 +180,34 @@ func (p *slotPool) enter() ticket {
 func (p *slotPool) done(lat time.Duration, t ticket) {
 	p.mu.Lock()
 	p.inside--
+	changed := false
 	switch {
 	case t.gen != p.gen:
 		p.old-- // it was inside when the limit changed
 	case t.shared:
 	case p.ctl.sample(lat, time.Now()):
+		changed = true
 		p.gen++
 		p.old = p.inside // every delivery inside is of an earlier limit now
-		p.handOver()     // the limit may have grown
+		p.lim.Store(int64(p.ctl.limit))
+		p.handOver() // the limit may have grown
 	}
+	followers := p.followers
 	p.mu.Unlock()
+	if changed {
+		for _, f := range followers {
+			f.mu.Lock()
+			f.handOver()
+			f.mu.Unlock()
+		}
+	}
 }
 
 // stats returns the limit (0: unbounded), the trials made and kept.
 func (p *slotPool) stats() (limit int, trials, kept uint64) {
+	if p.follow != nil {
+		return p.follow.stats()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	limit = p.ctl.limit

@@ -56,11 +56,11 @@ type Batch struct {
 	// join the next: fewer make larger batches, more keep more in
 	// flight.
 	//
-	// Defaults to 0, adaptive, for each kind on its own: every item has
+	// Defaults to 0, adaptive, one number for both kinds: every item has
 	// a statement of its own, as without batches, until a trial of fewer
-	// statements at once lowers the items' mean latency (see
-	// Group.Coordinators, which adapts the same way); BatchStats says how
-	// many are in force. Where the database has one writer at a time
+	// statements at once lowers the deliveries' mean latency, from their
+	// reservation to their completion (see Group.Coordinators, which
+	// adapts the same way); BatchStats says how many are in force. Where the database has one writer at a time
 	// (inbox.Capabilities.SingleWriter: SQLite), whose writer the
 	// handlers' writes wait for too, batches measured slower at every
 	// load: there the default sends every item alone, as without batches,
@@ -96,10 +96,10 @@ type BatchStats struct {
 	// for a statement to end).
 	ReservesWaiting, CompletesWaiting int
 	// ReserveStatements and CompleteStatements are how many statements of
-	// each kind may run at once now; 0 when every item may have its own
-	// (the adaptive default before batching paid). Trials and Kept count
-	// the adaptive trials of another number, of both kinds, and those
-	// kept.
+	// each kind may run at once now (one adaptive number for both); 0 when
+	// every item may have its own (the adaptive default before batching
+	// paid). Trials and Kept count the adaptive trials of another number
+	// and those kept.
 	ReserveStatements, CompleteStatements int
 	Trials, Kept                          uint64
 }
@@ -110,13 +110,12 @@ func (d *Deduplicator) BatchStats() BatchStats {
 	if d.rb == nil {
 		return BatchStats{}
 	}
-	rl, rt, rk := d.rb.reserves.slots.stats()
-	cl, ct, ck := d.rb.completes.slots.stats()
+	limit, trials, kept := d.rb.ctl.stats()
 	return BatchStats{
 		ReserveBatches: d.rb.reserves.batches.Load(), Reservations: d.rb.reserves.items.Load(),
 		CompleteBatches: d.rb.completes.batches.Load(), Completions: d.rb.completes.items.Load(),
 		ReservesWaiting: d.rb.reserves.queued(), CompletesWaiting: d.rb.completes.queued(),
-		ReserveStatements: rl, CompleteStatements: cl, Trials: rt + ct, Kept: rk + ck,
+		ReserveStatements: limit, CompleteStatements: limit, Trials: trials, Kept: kept,
 	}
 }
 
@@ -161,8 +160,9 @@ type forming[T any] struct {
 	kick  chan struct{}
 }
 
-func newBatcher[T batchItem](b Batch, capOf func() int, run func([]T)) *batcher[T] {
-	return &batcher[T]{maxSize: b.MaxSize, linger: b.MaxLinger, slots: newSlotPool(b.Statements, unbounded, capOf), run: run}
+// newBatcher returns a batcher whose statements take slots of slots.
+func newBatcher[T batchItem](b Batch, slots *slotPool, run func([]T)) *batcher[T] {
+	return &batcher[T]{maxSize: b.MaxSize, linger: b.MaxLinger, slots: slots, run: run}
 }
 
 // expect announces a delivery that will join (or withdraw).
@@ -199,13 +199,11 @@ func kickForming[T any](f *forming[T]) {
 // join adds item to the forming batch and waits for its release;
 // expected says whether it was announced.
 func (b *batcher[T]) join(item T, expected bool) {
-	start, tk := time.Now(), b.slots.enter()
 	b.mu.Lock()
 	if expected {
 		b.expected--
 	}
 	b.inPool++
-	b.slots.demand(b.inPool)
 	f, lead := b.open, false
 	if f == nil {
 		f, lead = &forming[T]{kick: make(chan struct{}, 1)}, true
@@ -228,7 +226,6 @@ func (b *batcher[T]) join(item T, expected bool) {
 	b.mu.Lock()
 	b.inPool--
 	b.mu.Unlock()
-	b.slots.done(time.Since(start), tk)
 }
 
 // lead waits for a statement slot, lets the batch fill while it lingers,
@@ -288,8 +285,12 @@ func closed(c chan struct{}) bool {
 	}
 }
 
-// reserveBatches are the two batchers of reserve mode with Batch.
+// reserveBatches are the two batchers of reserve mode with Batch, and
+// the controller of their statements at once: each batcher's slots follow
+// ctl, which measures each delivery from its reservation to its
+// completion (see Deduplicator.reserve).
 type reserveBatches struct {
+	ctl       *slotPool
 	reserves  *batcher[*reserveItem]
 	completes *batcher[*completeItem]
 }
@@ -322,8 +323,9 @@ func newReserveBatches(store *inbox.Store, cfg Batch) *reserveBatches {
 		// a statement of its own, as without batches.
 		cfg.Statements = unbounded
 	}
-	rb := &reserveBatches{completes: newBatcher(cfg, poolSize(store), func(items []*completeItem) { completeBatch(store, items) })}
-	rb.reserves = newBatcher(cfg, poolSize(store), func(items []*reserveItem) { reserveBatch(store, rb.completes, items) })
+	rb := &reserveBatches{ctl: newSlotPool(cfg.Statements, unbounded, poolSize(store))}
+	rb.completes = newBatcher(cfg, newFollower(rb.ctl), func(items []*completeItem) { completeBatch(store, items) })
+	rb.reserves = newBatcher(cfg, newFollower(rb.ctl), func(items []*reserveItem) { reserveBatch(store, rb.completes, items) })
 	return rb
 }
 

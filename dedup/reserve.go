@@ -32,6 +32,10 @@ func (d *Deduplicator) reserve(msg *message.Message, h message.HandlerFunc, id i
 	var expecting bool
 	if d.rb != nil {
 		d.rb.reserves.expect() // consumed by the first reservation
+		// The batches' statements at once adapt to what they serve: the
+		// delivery from its reservation to its completion.
+		tk, start := d.rb.ctl.enter(), time.Now()
+		defer func() { d.rb.ctl.done(time.Since(start), tk) }()
 	}
 	lease, rec, out, outcome, err := d.acquire(rctx, msg, id, &expecting)
 	if lease == nil {

@@ -96,9 +96,14 @@ func (b *bench) measureScenario(ctx context.Context, d dialect, s scenario, work
 	if err := deliverAll(ctx, workers, warm, p.deliver); err != nil {
 		return result{}, fmt.Errorf("warm-up: %w", err)
 	}
-	warmed, err := warmFor(ctx, workers, b.opts.warmup, p.deliver)
-	if err != nil {
-		return result{}, err
+	// Duplicates need no steady load first (no limit adapts to them, and
+	// the first deliveries above let ReadFirstAuto see them), and fresh
+	// deliveries would make them fewer than every one.
+	warmed := 0
+	if !p.duplicates {
+		if warmed, err = warmFor(ctx, workers, b.opts.warmup, p.deliver); err != nil {
+			return result{}, err
+		}
 	}
 	r, err := measure(ctx, workers, msgs, p.deliver, nil)
 	if err != nil {
