@@ -47,6 +47,25 @@ func dialKafka(brokers []string, clientID string) (*kafkaConn, error) {
 	return k, nil
 }
 
+// dialKafkaRetrying is dialKafka, tried again for up to patience while
+// no broker answers: another mode may have restarted the broker (a
+// planned fault) while this one was still setting up, and under load
+// setups and restarts overlap.
+func dialKafkaRetrying(ctx context.Context, brokers []string, clientID string, patience time.Duration) (*kafkaConn, error) {
+	deadline := time.Now().Add(patience)
+	for {
+		k, err := dialKafka(brokers, clientID)
+		if err == nil || !errors.Is(err, sarama.ErrOutOfBrokers) || time.Now().After(deadline) {
+			return k, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
 func (k *kafkaConn) close() {
 	_ = k.producer.Close()
 	_ = k.admin.Close() // closes the client too

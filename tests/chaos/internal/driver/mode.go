@@ -246,7 +246,7 @@ func (m *modeRun) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	if m.kafka, err = dialKafka(m.r.brokers, "imc-"+m.r.id+"-driver-"+m.short); err != nil {
+	if m.kafka, err = dialKafkaRetrying(ctx, m.r.brokers, "imc-"+m.r.id+"-driver-"+m.short, time.Minute); err != nil {
 		return err
 	}
 	switch m.mode {
