@@ -93,7 +93,7 @@ func (m *modeRun) check(ctx context.Context) {
 			res.stats.Groups, res.stats.Members)
 	}
 	if m.mode == wire.KafkaParallel {
-		if err := m.checkOrder(ctx); err != nil {
+		if err := m.checkOrder(ctx, topic); err != nil {
 			m.fail("reading the effects' order: %v", err)
 		}
 		if res.outOfOrder > 0 {
@@ -114,18 +114,17 @@ func (m *modeRun) check(ctx context.Context) {
 // checkOrder reads when each effect was made and counts, per account,
 // the effects made after one of a later event of the account's: the
 // parallel consumer runs an account's events one after the other, so
-// their effects must come in the events' order.
-func (m *modeRun) checkOrder(ctx context.Context) error {
+// their effects must come in the order the events first appear on the
+// account's partition. That is the topic's order (read back), not the
+// publish order: a producer that retries a batch after a broker restart
+// can land an event after one published later.
+func (m *modeRun) checkOrder(ctx context.Context, topic *topicOrder) error {
 	q, err := m.db.db.QueryContext(ctx, `SELECT event_id, `+m.db.epochMicros("created_at")+` FROM `+m.effectsTable)
 	if err != nil {
 		return err
 	}
 	defer q.Close()
-	type made struct {
-		at  int64
-		seq int
-	}
-	byAccount := map[string][]made{}
+	var made []madeEffect
 	for q.Next() {
 		var id string
 		var at int64
@@ -133,28 +132,45 @@ func (m *modeRun) checkOrder(ctx context.Context) error {
 			return err
 		}
 		if ev := m.st.byID[id]; ev != nil && ev.account != "" {
-			byAccount[ev.account] = append(byAccount[ev.account], made{at, ev.seq})
+			made = append(made, madeEffect{account: ev.account, at: at, order: topic.orderOf(id, ev.seq)})
 		}
 	}
 	if err := q.Err(); err != nil {
 		return err
 	}
-	res := &m.res
+	m.res.outOfOrder, m.res.accountsChecked = outOfOrder(made)
+	return nil
+}
+
+// madeEffect is an effect of an account's event: when it was made, and
+// where its event comes in the account's order.
+type madeEffect struct {
+	account string
+	at      int64
+	order   int
+}
+
+// outOfOrder counts, per account, the effects made after one of an event
+// that comes later in the account's order, and the accounts it saw.
+func outOfOrder(made []madeEffect) (n, accounts int) {
+	byAccount := map[string][]madeEffect{}
+	for _, e := range made {
+		byAccount[e.account] = append(byAccount[e.account], e)
+	}
 	for _, ms := range byAccount {
-		slices.SortFunc(ms, func(a, b made) int {
+		slices.SortFunc(ms, func(a, b madeEffect) int {
 			if a.at != b.at {
 				return cmp.Compare(a.at, b.at)
 			}
-			return cmp.Compare(a.seq, b.seq)
+			return cmp.Compare(a.order, b.order)
 		})
 		for i := 1; i < len(ms); i++ {
-			if ms[i].seq < ms[i-1].seq {
-				res.outOfOrder++
+			if ms[i].order < ms[i-1].order {
+				n++
 			}
 		}
 	}
-	res.accountsChecked = len(byAccount)
-	return nil
+	return n, len(byAccount)
 }
 
 // effectRow is one group of equal effects: n effects of event id made with

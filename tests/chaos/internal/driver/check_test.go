@@ -192,3 +192,36 @@ func TestReadTopicBack(t *testing.T) {
 		t.Errorf("evt-2: firsts %v", e2.firsts)
 	}
 }
+
+// TestOrderFollowsTheTopic: an account's effects must follow the order
+// its events first appear on the topic, which a producer's retry after a
+// broker restart can make differ from the publish order (evt-2 published
+// after evt-1 but on the partition before it).
+func TestOrderFollowsTheTopic(t *testing.T) {
+	topic := newTopicOrder()
+	topic.add(0, "evt-2", 200) // a retried batch landed evt-1 after evt-2
+	topic.add(0, "evt-1", 100)
+	topic.add(0, "evt-1", 100) // and again: its first copy counts
+	topic.add(1, "evt-3", 300)
+	seq := map[string]int{"evt-1": 1, "evt-2": 2, "evt-3": 1} // the publish order
+	made := func(at map[string]int64) []madeEffect {
+		var ms []madeEffect
+		for id, a := range at {
+			account := "acct-a"
+			if id == "evt-3" {
+				account = "acct-b"
+			}
+			ms = append(ms, madeEffect{account: account, at: a, order: topic.orderOf(id, seq[id])})
+		}
+		return ms
+	}
+	if n, accounts := outOfOrder(made(map[string]int64{"evt-2": 10, "evt-1": 20, "evt-3": 5})); n != 0 || accounts != 2 {
+		t.Fatalf("effects in the topic's order: %d out of order over %d accounts, want 0 over 2", n, accounts)
+	}
+	if n, _ := outOfOrder(made(map[string]int64{"evt-1": 10, "evt-2": 20, "evt-3": 5})); n != 1 {
+		t.Fatalf("effects in the publish order, against the topic's: %d out of order, want 1", n)
+	}
+	if got := topic.orderOf("evt-9", 7); got != 7 {
+		t.Fatalf("an event not on the topic takes its publish order: %d, want 7", got)
+	}
+}

@@ -172,6 +172,10 @@ type onTopic struct {
 	amounts    []int   // the distinct payloads on the topic
 	firsts     []int   // the distinct payloads that come first on a partition
 	partitions []int32 // the partitions the event is on
+	// pos is where the event first appears: the count of messages added
+	// before it. Of two events first on one partition, the one with the
+	// lower pos comes first in offset order.
+	pos int
 }
 
 func newTopicOrder() *topicOrder { return &topicOrder{events: map[string]*onTopic{}} }
@@ -179,12 +183,12 @@ func newTopicOrder() *topicOrder { return &topicOrder{events: map[string]*onTopi
 // add records a message of event id with amount on partition p. The
 // messages of one partition must be added in offset order.
 func (t *topicOrder) add(p int32, id string, amount int) {
-	t.messages++
 	e := t.events[id]
 	if e == nil {
-		e = &onTopic{}
+		e = &onTopic{pos: t.messages}
 		t.events[id] = e
 	}
+	t.messages++
 	if !slices.Contains(e.partitions, p) {
 		e.partitions = append(e.partitions, p)
 		if !slices.Contains(e.firsts, amount) {
@@ -194,6 +198,16 @@ func (t *topicOrder) add(p int32, id string, amount int) {
 	if !slices.Contains(e.amounts, amount) {
 		e.amounts = append(e.amounts, amount)
 	}
+}
+
+// orderOf returns where event id comes in the topic's order (see
+// onTopic.pos), or seq, its place in the publish order, when the topic
+// does not hold it.
+func (t *topicOrder) orderOf(id string, seq int) int {
+	if e := t.events[id]; e != nil {
+		return e.pos
+	}
+	return seq
 }
 
 // mayWin reports whether a delivery of the event with amount may be the
