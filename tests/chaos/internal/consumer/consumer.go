@@ -318,6 +318,11 @@ func run(ctx context.Context, cfg config, out *lines, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("subscriber: %w", err)
 	}
+	// watermill-kafka's Subscribe fails at once when no broker answers
+	// (its reconnections retry; its first connection does not): a
+	// consumer started while the broker restarts waits for it, as a
+	// supervisor restarting the process would.
+	sub = brokerPatient{Subscriber: sub, patience: time.Minute}
 
 	if cfg.mode == wire.KafkaReserve {
 		rs := dedup.Reserve{Lease: lease, HeartbeatInterval: heartbeat,
@@ -421,4 +426,26 @@ wait:
 	}
 	report()
 	return nil
+}
+
+// brokerPatient subscribes again, for up to patience, while no Kafka
+// broker answers.
+type brokerPatient struct {
+	message.Subscriber
+	patience time.Duration
+}
+
+func (s brokerPatient) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	deadline := time.Now().Add(s.patience)
+	for {
+		ch, err := s.Subscriber.Subscribe(ctx, topic)
+		if err == nil || !errors.Is(err, sarama.ErrOutOfBrokers) || time.Now().After(deadline) {
+			return ch, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
