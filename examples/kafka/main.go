@@ -77,6 +77,8 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		"drop the example's tables first (the inbox and the shipments) and start over; Kafka topics and offsets are kept")
 	fs.IntVar(&cfg.parallel, "parallel", 0,
 		"consume with the parallel consumer, up to this many messages of a partition at once, one at a time per record key (0: watermill-kafka's subscriber, one per partition)")
+	fs.IntVar(&cfg.pool, "pool", defaultPool,
+		"the most PostgreSQL connections at once: every message in flight holds one for its transaction, and the parallel consumer keeps many in flight")
 	fs.BoolVar(&cfg.verbose, "v", false, "log what Watermill does")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -98,16 +100,22 @@ func cli(args []string, stdout, stderr io.Writer) int {
 // the embedded broker.
 var runDeadline = rerun.Deadline{Min: 2 * time.Minute, PerEvent: 20 * time.Millisecond}
 
+// defaultPool is -pool's default.
+const defaultPool = 16
+
 type config struct {
 	brokers, dsn, topic, group string
 	inboxTable, shipmentsTable string
-	events, parallel           int
+	events, parallel, pool     int
 	reset, verbose             bool
 }
 
 type summary struct {
 	published, delivered, executed, duplicates, conflicts, poisoned int
 	shipments, distinctShipments                                    int
+	// retried counts the handler runs rolled back and nacked: the
+	// simulated failures, and any transient error of the database.
+	retried int
 }
 
 func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
@@ -120,11 +128,22 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		logger = watermill.NewStdLogger(true, false)
 	}
 
+	switch {
+	case cfg.pool < 0:
+		return sum, errors.New("-pool must be at least 1")
+	case cfg.pool == 0:
+		cfg.pool = defaultPool
+	}
 	db, err := sql.Open("pgx", cfg.dsn)
 	if err != nil {
 		return sum, err
 	}
 	defer db.Close()
+	// A bounded pool: messages in flight beyond it wait for a connection
+	// rather than ask the server for more than it allows (PostgreSQL's
+	// max_connections is 100 by default, shared by every client).
+	db.SetMaxOpenConns(cfg.pool)
+	db.SetMaxIdleConns(cfg.pool)
 	if err := db.PingContext(ctx); err != nil {
 		return sum, fmt.Errorf("PostgreSQL at %s: %w", dsn.Redact(cfg.dsn), err)
 	}
@@ -267,6 +286,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	sum.delivered = faults.Delivered()
 	sum.published = len(msgs)
 	sum.executed, sum.duplicates, sum.conflicts = int(st.Executed), int(st.Duplicates), int(st.Conflicts)
+	sum.retried = int(st.Retries)
 	if err := db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT event_id) FROM `+cfg.shipmentsTable).
 		Scan(&sum.shipments, &sum.distinctShipments); err != nil {
 		return sum, err
