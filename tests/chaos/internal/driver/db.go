@@ -42,14 +42,50 @@ func openDatabase(ctx context.Context, kind, dsn, app string) (*database, error)
 		return nil, err
 	}
 	db.SetMaxOpenConns(8)
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
+	d.db = db
+	if err := d.retryTransient(ctx, "connect", func(ctx context.Context) error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return db.PingContext(pctx)
+	}); err != nil {
 		db.Close()
 		return nil, err
 	}
-	d.db = db
 	return d, nil
+}
+
+// setupPatience is how long a run's setup waits out a transient database
+// error. Every test package shares the server: while others hold most of
+// its connections, PostgreSQL refuses new ones ("too many clients", 53300)
+// for a few seconds at a time.
+const setupPatience = time.Minute
+
+// retryTransient runs f until it succeeds, fails for good, or has failed
+// transiently for setupPatience. Only for statements that may run twice
+// (a ping, migrations, CREATE ... that a retry finds done).
+func (d *database) retryTransient(ctx context.Context, what string, f func(context.Context) error) error {
+	deadline := time.Now().Add(setupPatience)
+	wait := 100 * time.Millisecond
+	for {
+		err := f(ctx)
+		if err == nil || !d.transient(err) || time.Now().After(deadline) {
+			if err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (gave up: %w)", what, err, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// transient: err is worth retrying, as the inbox's dialect classifies it.
+func (d *database) transient(err error) bool {
+	return inbox.IsRetryable(err) || inbox.IsRetryable(d.dialect().Classify(err))
 }
 
 func (d *database) dialect() inbox.Dialect {
@@ -106,9 +142,9 @@ func (d *database) queueSchema() (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
 // a second.
 func (d *database) queueIndex(table, name string) string {
 	if d.kind == wire.MySQL {
-		return `CREATE INDEX ` + name + ` ON ` + table + ` (acked, ` + "`offset`" + `)`
+		return `CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + table + ` (acked, ` + "`offset`" + `)`
 	}
-	return `CREATE INDEX ` + name + ` ON ` + table + ` ("offset") WHERE NOT acked`
+	return `CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + table + ` ("offset") WHERE NOT acked`
 }
 
 // resetQueue marks the first half of the acked messages unacked again.

@@ -238,11 +238,16 @@ func (m *modeRun) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := store.Migrate(ctx); err != nil {
-		return fmt.Errorf("migrate the inbox: %w", err)
+	if err := m.db.retryTransient(ctx, "migrate the inbox", store.Migrate); err != nil {
+		return err
 	}
 	if m.mode != wire.KafkaReserve {
-		if _, err := db.ExecContext(ctx, m.db.effectsDDL(m.effectsTable)); err != nil {
+		// A retry after a lost connection may find the table made.
+		ddl := strings.Replace(m.db.effectsDDL(m.effectsTable), "CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1)
+		if err := m.db.retryTransient(ctx, "create the effects table", func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, ddl)
+			return err
+		}); err != nil {
 			return err
 		}
 	}
@@ -261,12 +266,18 @@ func (m *modeRun) setup(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := sub.SubscribeInitialize(m.queueTopic); err != nil {
-			return fmt.Errorf("create the queue table: %w", err)
-		}
+		err = m.db.retryTransient(ctx, "create the queue table", func(context.Context) error {
+			return sub.SubscribeInitialize(m.queueTopic)
+		})
 		_ = sub.Close()
-		if _, err := db.ExecContext(ctx, m.db.queueIndex(m.queueTable(), m.queueTopic+"_unacked")); err != nil {
-			return fmt.Errorf("index the queue table: %w", err)
+		if err != nil {
+			return err
+		}
+		if err := m.db.retryTransient(ctx, "index the queue table", func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, m.db.queueIndex(m.queueTable(), m.queueTopic+"_unacked"))
+			return err
+		}); err != nil {
+			return err
 		}
 		if m.queue, err = wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema},
 			watermill.NopLogger{}); err != nil {
