@@ -30,6 +30,9 @@ type params struct {
 	width                                        time.Duration // of one bucket of it
 	bucket, bucketEnd                            time.Time
 	audit                                        auditParams
+	offset                                       int
+	until                                        ID     // a keyset scan ends at this key
+	digest                                       string // an ID's digest
 }
 
 // auditParams are the values of an audit entry.
@@ -150,6 +153,16 @@ func (s *Store) arg(a Arg, p *params) any {
 		return s.timeArg(p.bucket)
 	case ArgBucketEnd:
 		return s.timeArg(p.bucketEnd)
+	case ArgOffset:
+		return p.offset
+	case ArgUntilScope:
+		return p.until.Scope
+	case ArgUntilOperation:
+		return p.until.Operation
+	case ArgUntilKey:
+		return p.until.Key
+	case ArgDigest:
+		return p.digest
 	}
 	// NewStore checked every query's args.
 	panic(fmt.Sprintf("inbox: unknown %v", a))
@@ -177,6 +190,9 @@ type queries struct {
 	countByUpdated                                                               stmt
 	countPurgeable, oldestCreated, selectForUpdate, resolve, forget              stmt
 	insertAudit, updateAuditCount, listAudit                                     stmt
+	// keyAt and selectDigest are set when the dialect hashes keys itself
+	// (DigestQueries).
+	keyAt, selectDigest stmt
 
 	// dialect builds the statements that depend on more than the table
 	// (the savepoints, by name).
@@ -248,5 +264,9 @@ func loadQueries(q Queries) (queries, error) {
 	get(&out.insertAudit, "InsertAudit", q.InsertAudit())
 	get(&out.updateAuditCount, "UpdateAuditCount", q.UpdateAuditCount())
 	get(&out.listAudit, "ListAudit", q.ListAudit())
+	if dq, ok := q.(DigestQueries); ok {
+		get(&out.keyAt, "KeyAt", dq.KeyAt())
+		get(&out.selectDigest, "SelectDigest", dq.SelectDigest())
+	}
 	return out, joinErrs(errs)
 }

@@ -201,6 +201,15 @@ const (
 	// and ArgWidth the width of one of its buckets, in microseconds.
 	ArgSince
 	ArgWidth
+	// ArgOffset is how many rows a statement skips.
+	ArgOffset
+	// ArgUntilScope, ArgUntilOperation and ArgUntilKey are the primary key
+	// a keyset scan ends at, inclusive.
+	ArgUntilScope
+	ArgUntilOperation
+	ArgUntilKey
+	// ArgDigest is an [ID.Digest]: 16 lowercase hex characters.
+	ArgDigest
 	argEnd
 )
 
@@ -209,13 +218,36 @@ var argNames = [...]string{"", "scope", "operation", "key", "payload_hash", "sta
 	"created_at", "updated_at", "expires_at", "now", "before", "limit", "version", "name", "lock_name",
 	"by_scope", "after_scope", "after_operation", "after_key", "audit_id", "actor", "reason", "action",
 	"status_before", "attempt_before", "status_after", "before_json", "affected", "bucket", "bucket_end",
-	"after_set", "after_time", "after_attempt", "since", "width"}
+	"after_set", "after_time", "after_attempt", "since", "width", "offset", "until_scope", "until_operation",
+	"until_key", "digest"}
 
 func (a Arg) String() string {
 	if a > 0 && a < argEnd {
 		return argNames[a]
 	}
 	return fmt.Sprintf("Arg(%d)", int(a))
+}
+
+// DigestQueries is implemented by the [Queries] of a database that
+// computes SHA-256 itself. A lookup by digest ([Store.FindByDigest]) then
+// hashes the keys on the server, a page of keys at a time, and reads back
+// only the match; without it the store reads every key and hashes it.
+type DigestQueries interface {
+	// KeyAt returns the primary key (scope, operation, key columns) that
+	// comes ArgOffset keys after the first key after the ArgAfterScope,
+	// ArgAfterOperation, ArgAfterKey key (ArgOffset 0: the first after
+	// it), in primary-key order, among the records of operation
+	// ArgOperation ("" for any); no row when there are not that many.
+	// Args: those.
+	KeyAt() Query
+	// SelectDigest returns the primary keys (scope, operation, key
+	// columns) after the ArgAfter… key and up to and including the
+	// ArgUntilScope, ArgUntilOperation, ArgUntilKey key, of operation
+	// ArgOperation ("" for any), whose [ID.Digest] is ArgDigest: the first
+	// 8 bytes, in lowercase hex, of the SHA-256 of scope, a NUL byte,
+	// operation, a NUL byte, key and a NUL byte, each as the bytes the
+	// store wrote (UTF-8); in primary-key order. Args: those.
+	SelectDigest() Query
 }
 
 // Queries are the statements of one dialect for one table, one method

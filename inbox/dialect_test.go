@@ -54,6 +54,15 @@ func partitionQueries(d inbox.Dialect, table string) []inboxtest.NamedQuery {
 	}
 }
 
+// The server dialects hash keys themselves for a lookup by digest;
+// SQLite, without SHA-256, sends them to be hashed.
+func TestDigestQueries(t *testing.T) {
+	for _, d := range dialects {
+		_, ok := d.Queries("t").(inbox.DigestQueries)
+		require.Equal(t, d.Name() != "sqlite", ok, dialectName(d))
+	}
+}
+
 // TestDialectQueriesAreWellFormed checks what NewStore cannot: that every
 // statement of every shipped dialect is rendered for the table it was asked
 // for, binds only arguments the store knows, and has exactly one argument
@@ -168,10 +177,10 @@ func checkBindings(t *testing.T, name, sql string) {
 		"expires_at":  {"expires_at", "before"},
 		"updated_at":  {"updated_at", "before"},
 		"created_at":  {"created_at", "before"},
-		// Keyset scans continue after a key.
-		"scope":     {"scope", "after_scope"},
-		"operation": {"operation", "after_operation"},
-		"key":       {"key", "after_key"},
+		// Keyset scans continue after a key, and some end at one.
+		"scope":     {"scope", "after_scope", "until_scope"},
+		"operation": {"operation", "after_operation", "until_operation"},
+		"key":       {"key", "after_key", "until_key"},
 	}
 	for _, m := range assignment.FindAllStringSubmatch(sql, -1) {
 		col, arg := m[1], m[2]

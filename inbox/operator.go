@@ -501,31 +501,97 @@ func (s *Store) optionalRecord(ctx context.Context, st stmt, p *params) (*Record
 	return rec, nil
 }
 
-// digestScanPage is how many keys one statement of FindByDigest reads.
-const digestScanPage = 1000
+// digestScanPage is how many keys one statement of a lookup by digest
+// reads back to hash them; digestServerPage how many one statement
+// hashes on the server (DigestQueries), reading back only the match.
+const (
+	digestScanPage   = 1000
+	digestServerPage = 100_000
+)
 
 // FindByDigest returns the record whose [ID.Digest] is digest — what log
 // lines print as key_digest — of operation operation ("" for every
-// operation), or [ErrNotFound]. A digest is a hash, so the store cannot
-// look it up: it reads the key columns of every record (of the operation)
-// in primary-key order, digestScanPage at a time, and hashes them. That is
-// a scan of the table's primary-key index, for an operator's occasional
-// lookup. Should two keys share a digest (64 bits of SHA-256), the first
+// operation), or [ErrNotFound]. It is [Store.ScanDigest] without progress
+// reports.
+func (s *Store) FindByDigest(ctx context.Context, digest string, operation string) (*Record, error) {
+	return s.ScanDigest(ctx, DigestScan{Digest: digest, Operation: operation})
+}
+
+// DigestScan says what [Store.ScanDigest] looks for.
+type DigestScan struct {
+	// Digest is the [ID.Digest] looked for: 16 lowercase hex characters.
+	Digest string
+	// Operation narrows the scan to one operation's records; "" reads
+	// every operation's.
+	Operation string
+	// PageSize is how many keys one statement reads: 0 for 100,000 where
+	// the database hashes them (PostgreSQL, MySQL/MariaDB) and 1,000 where
+	// they are sent here to be hashed (SQLite). Smaller pages make
+	// shorter statements on a busy database, and a slower scan.
+	PageSize int
+	// Progress, when set, is called after each page of keys with how
+	// many keys have been read so far.
+	Progress func(keysRead int64)
+}
+
+// ScanDigest returns the record whose [ID.Digest] is p.Digest, of
+// p.Operation, or [ErrNotFound]. A digest is a hash, so no index finds
+// it: the scan reads the key columns of every record (of the operation)
+// in primary-key order, a page at a time, and hashes them. PostgreSQL and
+// MySQL/MariaDB hash on the server, 100,000 keys a statement
+// (p.PageSize), and send back only the match; SQLite sends every key to be hashed here, 1,000 a
+// statement. Each statement is short, so the scan holds no snapshot or
+// lock for long, however large the table; docs/operations.md gives its
+// speed. Should two keys share a digest (64 bits of SHA-256), the first
 // in key order is returned. A digest that is not 16 lowercase hex
 // characters, or an operation that is not storable text, is
 // [ErrInvalidKey].
-func (s *Store) FindByDigest(ctx context.Context, digest string, operation string) (*Record, error) {
+func (s *Store) ScanDigest(ctx context.Context, p DigestScan) (*Record, error) {
+	digest, operation := p.Digest, p.Operation
 	if !isLowerHex(digest, 16) {
 		return nil, fmt.Errorf("inbox: find by digest: %w: digest %q is not 16 lowercase hex characters", ErrInvalidKey, digest)
 	}
 	if err := CheckText(operation, MaxOperationLen); err != nil {
 		return nil, fmt.Errorf("inbox: find by digest: %w: operation %w", ErrInvalidKey, err)
 	}
-	var after ID
+	if p.PageSize < 0 {
+		return nil, fmt.Errorf("inbox: find by digest: %w: page size %d is negative", ErrInvalidParams, p.PageSize)
+	}
+	var (
+		after  ID
+		read   int64
+		server = s.q.keyAt.SQL != ""
+		page   = p.PageSize
+	)
+	if page == 0 {
+		page = digestScanPage
+		if server {
+			page = digestServerPage
+		}
+	}
 	for {
-		match, last, n, err := s.scanKeys(ctx, operation, after, digest)
+		var (
+			match *ID
+			last  ID
+			n     int
+			err   error
+		)
+		if server {
+			match, last, n, err = s.hashKeys(ctx, operation, after, digest, page)
+			if err == nil && n == 0 {
+				// Fewer than a page of keys are left: read them here.
+				server = false
+				continue
+			}
+		} else {
+			match, last, n, err = s.scanKeys(ctx, operation, after, digest, page)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("inbox: find by digest: %w", err)
+		}
+		read += int64(n)
+		if p.Progress != nil {
+			p.Progress(read)
 		}
 		if match != nil {
 			rec, err := s.Get(ctx, s.db, *match)
@@ -534,17 +600,51 @@ func (s *Store) FindByDigest(ctx context.Context, digest string, operation strin
 			}
 			return rec, nil
 		}
-		if n < digestScanPage {
+		if !server && n < page {
 			return nil, fmt.Errorf("inbox: find by digest %s: %w", digest, ErrNotFound)
 		}
 		after = last
 	}
 }
 
+// hashKeys hashes the next page keys after after on the server and
+// returns the first whose digest is digest, the page's last key and its
+// size: 0 when fewer keys than a page are left (none read).
+func (s *Store) hashKeys(ctx context.Context, operation string, after ID, digest string, page int) (match *ID, last ID, n int, err error) {
+	p := &params{id: ID{Operation: operation}, after: after, offset: page - 1}
+	if err := s.queryRow(ctx, s.db, s.q.keyAt, p).Scan(&last.Scope, &last.Operation, &last.Key); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, ID{}, 0, nil
+		}
+		return nil, ID{}, 0, s.Classify(err)
+	}
+	p.until, p.digest = last, digest
+	rows, err := s.query(ctx, s.db, s.q.selectDigest, p)
+	if err != nil {
+		return nil, ID{}, 0, s.Classify(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id ID
+		if err := rows.Scan(&id.Scope, &id.Operation, &id.Key); err != nil {
+			return nil, ID{}, 0, err
+		}
+		// Checked here too: a database that hashed other bytes than the
+		// store wrote must not hand over another record.
+		if match == nil && id.Digest() == digest {
+			match = &id
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, ID{}, 0, s.Classify(err)
+	}
+	return match, last, page, nil
+}
+
 // scanKeys reads one page of keys after after and returns the first whose
 // digest is digest, the page's last key and how many keys it held.
-func (s *Store) scanKeys(ctx context.Context, operation string, after ID, digest string) (match *ID, last ID, n int, err error) {
-	rows, err := s.query(ctx, s.db, s.q.selectKeys, &params{id: ID{Operation: operation}, after: after, limit: digestScanPage})
+func (s *Store) scanKeys(ctx context.Context, operation string, after ID, digest string, page int) (match *ID, last ID, n int, err error) {
+	rows, err := s.query(ctx, s.db, s.q.selectKeys, &params{id: ID{Operation: operation}, after: after, limit: page})
 	if err != nil {
 		return nil, ID{}, 0, s.Classify(err)
 	}

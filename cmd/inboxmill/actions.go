@@ -244,7 +244,7 @@ func (a *app) recordID(ctx context.Context, i *inboxDB, id *idFlags) (inbox.ID, 
 	if id.digest == "" {
 		return id.id(), nil
 	}
-	rec, err := id.find(ctx, i)
+	rec, err := id.find(ctx, i, a.stderr)
 	if err != nil {
 		return inbox.ID{}, err
 	}

@@ -136,7 +136,7 @@ func (a *app) noHistory(ctx context.Context, i *inboxDB, id *idFlags, gone bool)
 		return fmt.Errorf("%w of %s in table %s has key digest %s, and no audit entry names one", errNoRecord, where,
 			i.table, id.digest)
 	}
-	_, err := id.find(ctx, i)
+	_, err := id.find(ctx, i, a.stderr)
 	if errors.Is(err, errNoRecord) {
 		return fmt.Errorf("%w, and no audit entry names it", err)
 	}

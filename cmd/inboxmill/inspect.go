@@ -43,7 +43,7 @@ or forget it. Finding a record by digest scans the key columns (with
 				return err
 			}
 			defer i.Close()
-			rec, err := id.find(ctx, i)
+			rec, err := id.find(ctx, i, a.stderr)
 			if err != nil {
 				return err
 			}

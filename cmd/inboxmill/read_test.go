@@ -379,3 +379,11 @@ func TestJSONList(t *testing.T) {
 		require.Equal(t, wantBuf.String(), got.String(), "pages %v", pages)
 	}
 }
+
+func TestThousands(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 100_000_000: "100,000,000", -1234567: "-1,234,567"} {
+		if got := thousands(n); got != want {
+			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/inboxmill/inboxmill/dedup"
 	"github.com/inboxmill/inboxmill/inbox"
@@ -60,10 +65,15 @@ func (f *idFlags) check(cmd *cobra.Command) error {
 	return nil
 }
 
-// find loads the record the flags name.
-func (f *idFlags) find(ctx context.Context, i *inboxDB) (*inbox.Record, error) {
+// find loads the record the flags name. A search by digest that takes
+// more than a second shows how far it got on stderr, when that is a
+// terminal.
+func (f *idFlags) find(ctx context.Context, i *inboxDB, stderr io.Writer) (*inbox.Record, error) {
 	if f.digest != "" {
-		rec, err := i.store.FindByDigest(ctx, strings.ToLower(strings.TrimSpace(f.digest)), f.operation)
+		progress, done := digestProgress(stderr, i.table)
+		rec, err := i.store.ScanDigest(ctx, inbox.DigestScan{Digest: strings.ToLower(strings.TrimSpace(f.digest)),
+			Operation: f.operation, Progress: progress})
+		done()
 		switch {
 		case errors.Is(err, inbox.ErrNotFound):
 			where := "any operation"
@@ -155,4 +165,37 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// digestProgress returns a progress report for a search by digest: when
+// w is a terminal, once the search has run for a second, a line with the
+// keys read so far; nil elsewhere. done ends the line.
+func digestProgress(w io.Writer, table string) (progress func(keysRead int64), done func()) {
+	if f, ok := w.(*os.File); !ok || !term.IsTerminal(int(f.Fd())) {
+		return nil, func() {}
+	}
+	start, last, shown := time.Now(), time.Time{}, false
+	progress = func(n int64) {
+		now := time.Now()
+		if now.Sub(start) < time.Second || now.Sub(last) < 200*time.Millisecond {
+			return
+		}
+		last, shown = now, true
+		fmt.Fprintf(w, "\rsearching table %s by digest: %s keys read, %s", table, thousands(n),
+			now.Sub(start).Round(time.Second))
+	}
+	return progress, func() {
+		if shown {
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+// thousands writes n with a comma between groups of three digits.
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

@@ -77,6 +77,11 @@ func AllQueries(q inbox.Queries) []NamedQuery {
 			out = append(out, NamedQuery{Name: name, Query: m.Call(nil)[0].Interface().(inbox.Query)})
 		}
 	}
+	// The optional statements of a database that hashes keys itself.
+	if dq, ok := q.(inbox.DigestQueries); ok {
+		out = append(out, NamedQuery{Name: "KeyAt", Query: dq.KeyAt()},
+			NamedQuery{Name: "SelectDigest", Query: dq.SelectDigest()})
+	}
 	return out
 }
 

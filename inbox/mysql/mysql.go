@@ -321,6 +321,34 @@ func (q queries) SelectKeys() inbox.Query {
 		append(append([]inbox.Arg{}, afterArgs...), inbox.ArgOperation, inbox.ArgOperation, inbox.ArgLimit)...)
 }
 
+func (q queries) KeyAt() inbox.Query {
+	return q.q("SELECT scope, operation, `key` FROM `{{table}}`\n"+
+		"WHERE "+afterKey+" AND "+byOperation+"\n"+
+		"ORDER BY scope, operation, `key` LIMIT 1 OFFSET ?",
+		append(append([]inbox.Arg{}, afterArgs...), inbox.ArgOperation, inbox.ArgOperation, inbox.ArgOffset)...)
+}
+
+// untilKey is afterKey's other end: the keys up to and including one,
+// written out so that the range optimizer bounds an index scan with it.
+const untilKey = "scope <= CAST(? AS BINARY) AND (scope < CAST(? AS BINARY) OR (scope = CAST(? AS BINARY) AND\n" +
+	"\t(operation < CAST(? AS BINARY) OR (operation = CAST(? AS BINARY) AND `key` <= CAST(? AS BINARY)))))"
+
+var untilArgs = []inbox.Arg{inbox.ArgUntilScope, inbox.ArgUntilScope, inbox.ArgUntilScope, inbox.ArgUntilOperation,
+	inbox.ArgUntilOperation, inbox.ArgUntilKey}
+
+// digestSQL is ID.Digest of a row: scope, operation and key (VARBINARY:
+// the bytes the store wrote), each followed by a NUL byte, hashed; the
+// first 16 hex characters.
+const digestSQL = "LEFT(SHA2(CONCAT(scope, CHAR(0), operation, CHAR(0), `key`, CHAR(0)), 256), 16)"
+
+func (q queries) SelectDigest() inbox.Query {
+	args := append(append([]inbox.Arg{}, afterArgs...), untilArgs...)
+	return q.q("SELECT scope, operation, `key` FROM `{{table}}`\n"+
+		"WHERE "+afterKey+"\n\tAND "+untilKey+"\n\tAND "+byOperation+" AND "+digestSQL+" = ?\n"+
+		"ORDER BY scope, operation, `key`",
+		append(args, inbox.ArgOperation, inbox.ArgOperation, inbox.ArgDigest)...)
+}
+
 func (q queries) CountByOperation() inbox.Query {
 	return q.q("SELECT operation, status, COUNT(*) FROM `{{table}}` GROUP BY operation, status")
 }

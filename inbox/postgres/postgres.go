@@ -310,6 +310,27 @@ ORDER BY scope, operation, key LIMIT $5`,
 		inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgOperation, inbox.ArgLimit)
 }
 
+func (q queries) KeyAt() inbox.Query {
+	return q.q(`SELECT scope, operation, key FROM "{{table}}"
+WHERE (scope, operation, key) > ($1, $2, $3) AND ($4::text = '' OR operation = $4::text)
+ORDER BY scope, operation, key OFFSET $5 LIMIT 1`,
+		inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgOperation, inbox.ArgOffset)
+}
+
+// digestSQL is ID.Digest of a row: scope, operation and key as UTF-8,
+// each followed by a NUL byte, hashed; the first 8 bytes.
+const digestSQL = `substr(sha256(convert_to(scope, 'UTF8') || '\x00'::bytea || convert_to(operation, 'UTF8') ||
+	'\x00'::bytea || convert_to(key, 'UTF8') || '\x00'::bytea), 1, 8)`
+
+func (q queries) SelectDigest() inbox.Query {
+	return q.q(`SELECT scope, operation, key FROM "{{table}}"
+WHERE (scope, operation, key) > ($1, $2, $3) AND (scope, operation, key) <= ($4, $5, $6)
+	AND ($7::text = '' OR operation = $7::text) AND `+digestSQL+` = decode($8::text, 'hex')
+ORDER BY scope, operation, key`,
+		inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey,
+		inbox.ArgUntilScope, inbox.ArgUntilOperation, inbox.ArgUntilKey, inbox.ArgOperation, inbox.ArgDigest)
+}
+
 func (q queries) CountByOperation() inbox.Query {
 	return q.q(`SELECT operation, status, count(*) FROM "{{table}}" GROUP BY operation, status`)
 }
