@@ -407,9 +407,19 @@ func (l *Lease) transitionLocked(ctx context.Context, what string, to Status, p 
 		bare.result, bare.resourceID, bare.externalRef = nil, "", ""
 		bare.errS = StorableText("outcome not storable, recorded without it: "+err.Error(), MaxErrorLen)
 		s.limit.failedLarge(len(p.result))
-		if berr := s.finish(ctx, s.db, what, l.rec.ID, &bare); berr == nil {
+		bctx := ctx
+		if len(p.result) >= largeResult && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// Writing the large result used up the caller's time (a busy
+			// server takes seconds over megabytes). The outcome without it
+			// is a small write and gets time of its own: an effect that
+			// happened is recorded rather than left to be run again.
+			var cancel context.CancelFunc
+			bctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), bareOutcomeTimeout)
+			defer cancel()
+		}
+		if berr := s.finish(bctx, s.db, what, l.rec.ID, &bare); berr == nil {
 			l.dropped, err = joinDropped(l.dropped, "the outcome ("+err.Error()+")"), nil
-		} else if errors.Is(berr, ErrLeaseLost) && l.wrote(ctx, to) {
+		} else if errors.Is(berr, ErrLeaseLost) && l.wrote(bctx, to) {
 			// The first write committed although its answer was lost.
 			err = nil
 		}
@@ -423,6 +433,10 @@ func (l *Lease) transitionLocked(ctx context.Context, what string, to Status, p 
 	l.ended = true
 	return nil
 }
+
+// bareOutcomeTimeout bounds recording an outcome without its large
+// result once writing the result ran past the caller's deadline.
+const bareOutcomeTimeout = 10 * time.Second
 
 // largeResult is the size from which a result that failed twice to be
 // stored is taken for refused (MySQL's max_allowed_packet is 16 MiB by

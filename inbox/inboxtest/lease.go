@@ -1,6 +1,7 @@
 package inboxtest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -85,6 +86,37 @@ func runLease(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		require.Nil(t, again.Lease, "a completed intent is a duplicate")
 		require.Equal(t, []byte("receipt"), again.Record.Result)
+	})
+
+	t.Run("ALargeResultPastTheDeadlineIsRecordedWithoutIt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, h)
+		_, err := b.store.ResultLimit(b.ctx, b.db) // read while there is time
+		require.NoError(t, err)
+		reserve := func(key string) *inbox.Lease {
+			res, err := b.store.Reserve(b.ctx, inbox.ReserveParams{ID: id("charge", key), PayloadHash: hash("x"),
+				Owner: "w1", Lease: time.Minute})
+			require.NoError(t, err)
+			require.NotNil(t, res.Lease)
+			return res.Lease
+		}
+		// The write of a large result ran out of the caller's time (a
+		// deadline already past stands for a write that took too long):
+		// the effect happened, so its completion is recorded without the
+		// result, in time of its own.
+		past, cancel := context.WithDeadline(b.ctx, time.Now().Add(-time.Second))
+		defer cancel()
+		require.NoError(t, reserve("big").Complete(past, inbox.Outcome{Result: make([]byte, 2<<20)}))
+		rec := b.get(t, id("charge", "big"))
+		require.Equal(t, inbox.StatusCompleted, rec.Status)
+		require.Empty(t, rec.Result)
+		require.Contains(t, rec.Error, "outcome not storable")
+		require.Empty(t, rec.LeaseOwner)
+
+		// A small one is no cheaper to leave out: past the deadline it is
+		// not recorded, and the lease stays for a redelivery to take over.
+		require.ErrorIs(t, reserve("small").Complete(past, inbox.Outcome{Result: []byte("receipt")}), context.DeadlineExceeded)
+		require.Equal(t, inbox.StatusProcessing, b.get(t, id("charge", "small")).Status)
 	})
 
 	t.Run("ReserveThenFail", func(t *testing.T) {
