@@ -74,6 +74,9 @@ type config struct {
 	seed             int64
 	dbPath           string
 	verbose          bool
+	// slowdown multiplies every timing below (0: 1), for a machine so
+	// busy that the provider's fast answers miss the client's timeout.
+	slowdown int
 }
 
 type summary struct {
@@ -103,12 +106,13 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	if cfg.intents < 1 || cfg.workers < 1 {
 		return sum, errors.New("-intents and -workers must be positive")
 	}
-	psp, err := startProvider(cfg.seed, slowAnswer)
+	k := time.Duration(max(cfg.slowdown, 1))
+	psp, err := startProvider(cfg.seed, k*slowAnswer)
 	if err != nil {
 		return sum, err
 	}
 	defer psp.close()
-	api := &client{base: psp.addr, http: &http.Client{Timeout: clientTimeout}}
+	api := &client{base: psp.addr, http: &http.Client{Timeout: k * clientTimeout}}
 
 	dbPath, kept := cfg.dbPath, cfg.dbPath != ""
 	if dbPath == "" {
@@ -147,8 +151,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		Key:       dedup.KeyFromMetadata("intent_id"),
 		Operation: "charge_card",
 		Mode: dedup.Reserve{
-			Lease:             lease,
-			HeartbeatInterval: lease / 4,
+			Lease:             k * lease,
+			HeartbeatInterval: k * lease / 4,
 			InFlightWait:      300 * time.Millisecond,
 			InFlightPoll:      20 * time.Millisecond,
 		},
@@ -193,7 +197,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	}
 	defer rec.Close()
 
-	q := newQueue(visibility, maxReceives)
+	q := newQueue(k*visibility, maxReceives)
 	for i := 1; i <= cfg.intents; i++ {
 		q.publish(intentMessage(i))
 		if i%7 == 0 { // a producer retry
