@@ -240,13 +240,17 @@ type DigestQueries interface {
 	// ArgOperation ("" for any); no row when there are not that many.
 	// Args: those.
 	KeyAt() Query
-	// SelectDigest returns the primary keys (scope, operation, key
-	// columns) after the ArgAfter… key and up to and including the
-	// ArgUntilScope, ArgUntilOperation, ArgUntilKey key, of operation
-	// ArgOperation ("" for any), whose [ID.Digest] is ArgDigest: the first
-	// 8 bytes, in lowercase hex, of the SHA-256 of scope, a NUL byte,
-	// operation, a NUL byte, key and a NUL byte, each as the bytes the
-	// store wrote (UTF-8); in primary-key order. Args: those.
+	// SelectDigest returns the keys (scope, operation, key columns) of
+	// one page whose [ID.Digest] is ArgDigest, in primary-key order. The
+	// page is the ArgLimit keys after the ArgAfterScope,
+	// ArgAfterOperation, ArgAfterKey key, in primary-key order, among the
+	// records of operation ArgOperation ("" for any); the last of them is
+	// the ArgUntilScope, ArgUntilOperation, ArgUntilKey key (KeyAt found
+	// it), so a statement can bound the page by either, whichever its
+	// database scans faster. The digest is the first 8 bytes, in
+	// lowercase hex, of the SHA-256 of scope, a NUL byte, operation, a NUL
+	// byte, key and a NUL byte, each as the bytes the store wrote (UTF-8).
+	// Args: those.
 	SelectDigest() Query
 }
 

@@ -618,7 +618,7 @@ func (s *Store) hashKeys(ctx context.Context, operation string, after ID, digest
 		}
 		return nil, ID{}, 0, s.Classify(err)
 	}
-	p.until, p.digest = last, digest
+	p.until, p.digest, p.limit = last, digest, page
 	rows, err := s.query(ctx, s.db, s.q.selectDigest, p)
 	if err != nil {
 		return nil, ID{}, 0, s.Classify(err)

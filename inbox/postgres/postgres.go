@@ -323,12 +323,16 @@ const digestSQL = `substr(sha256(convert_to(scope, 'UTF8') || '\x00'::bytea || c
 	'\x00'::bytea || convert_to(key, 'UTF8') || '\x00'::bytea), 1, 8)`
 
 func (q queries) SelectDigest() inbox.Query {
-	return q.q(`SELECT scope, operation, key FROM "{{table}}"
-WHERE (scope, operation, key) > ($1, $2, $3) AND (scope, operation, key) <= ($4, $5, $6)
-	AND ($7::text = '' OR operation = $7::text) AND `+digestSQL+` = decode($8::text, 'hex')
+	// Bounded by the limit: PostgreSQL's B-tree ends a scan at a row
+	// comparison only by its first column, and scope is mostly one value,
+	// so an upper bound (scope, operation, key) <= (…) would read on to
+	// the end of the index.
+	return q.q(`SELECT scope, operation, key FROM (SELECT scope, operation, key FROM "{{table}}"
+	WHERE (scope, operation, key) > ($1, $2, $3) AND ($4::text = '' OR operation = $4::text)
+	ORDER BY scope, operation, key LIMIT $5) AS page
+WHERE `+digestSQL+` = decode($6::text, 'hex')
 ORDER BY scope, operation, key`,
-		inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey,
-		inbox.ArgUntilScope, inbox.ArgUntilOperation, inbox.ArgUntilKey, inbox.ArgOperation, inbox.ArgDigest)
+		inbox.ArgAfterScope, inbox.ArgAfterOperation, inbox.ArgAfterKey, inbox.ArgOperation, inbox.ArgLimit, inbox.ArgDigest)
 }
 
 func (q queries) CountByOperation() inbox.Query {
