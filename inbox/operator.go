@@ -619,24 +619,16 @@ func (s *Store) hashKeys(ctx context.Context, operation string, after ID, digest
 		return nil, ID{}, 0, s.Classify(err)
 	}
 	p.until, p.digest, p.limit = last, digest, page
-	rows, err := s.query(ctx, s.db, s.q.selectDigest, p)
-	if err != nil {
-		return nil, ID{}, 0, s.Classify(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id ID
-		if err := rows.Scan(&id.Scope, &id.Operation, &id.Key); err != nil {
-			return nil, ID{}, 0, err
-		}
+	err = s.eachKey(ctx, s.q.selectDigest, p, func(id ID) bool {
 		// Checked here too: a database that hashed other bytes than the
 		// store wrote must not hand over another record.
-		if match == nil && id.Digest() == digest {
+		if id.Digest() == digest {
 			match = &id
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, ID{}, 0, s.Classify(err)
+		return match == nil
+	})
+	if err != nil {
+		return nil, ID{}, 0, err
 	}
 	return match, last, page, nil
 }
@@ -644,26 +636,41 @@ func (s *Store) hashKeys(ctx context.Context, operation string, after ID, digest
 // scanKeys reads one page of keys after after and returns the first whose
 // digest is digest, the page's last key and how many keys it held.
 func (s *Store) scanKeys(ctx context.Context, operation string, after ID, digest string, page int) (match *ID, last ID, n int, err error) {
-	rows, err := s.query(ctx, s.db, s.q.selectKeys, &params{id: ID{Operation: operation}, after: after, limit: page})
+	err = s.eachKey(ctx, s.q.selectKeys, &params{id: ID{Operation: operation}, after: after, limit: page}, func(id ID) bool {
+		n++
+		last = id
+		if id.Digest() == digest {
+			match = &id
+		}
+		return match == nil
+	})
 	if err != nil {
-		return nil, ID{}, 0, s.Classify(err)
+		return nil, ID{}, 0, err
+	}
+	return match, last, n, nil
+}
+
+// eachKey runs a statement that returns keys (scope, operation, key) and
+// calls f with each until f returns false.
+func (s *Store) eachKey(ctx context.Context, st stmt, p *params, f func(ID) bool) error {
+	rows, err := s.query(ctx, s.db, st, p)
+	if err != nil {
+		return s.Classify(err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var id ID
 		if err := rows.Scan(&id.Scope, &id.Operation, &id.Key); err != nil {
-			return nil, ID{}, 0, err
+			return err
 		}
-		n++
-		last = id
-		if id.Digest() == digest {
-			return &id, last, n, nil
+		if !f(id) {
+			return nil
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, ID{}, 0, s.Classify(err)
+		return s.Classify(err)
 	}
-	return nil, last, n, nil
+	return nil
 }
 
 func isLowerHex(s string, n int) bool {
