@@ -415,12 +415,17 @@ func runGroup(t *testing.T, h Harness) {
 		t.Cleanup(func() { _ = pubsub.Close() })
 		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
 		require.NoError(t, err)
-		var acked sync.Map // event ID -> effects committed when the handler returned
+		var acked sync.Map  // event ID -> effects committed when the handler returned
+		var nacked sync.Map // event ID -> the middleware's errors, for a failure's message
 		router.AddConsumerHandler("record_effect", "events", pubsub, func(msg *message.Message) error {
 			_, err := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				tx, _ := handlerTx(msg.Context())
 				return nil, b.effect(msg.Context(), tx, msg.Metadata.Get(EventIDKey), string(msg.Payload))
 			})(msg)
+			if err != nil {
+				prev, _ := nacked.Load(msg.Metadata.Get(EventIDKey))
+				nacked.Store(msg.Metadata.Get(EventIDKey), fmt.Sprint(prev, " [", err, "]"))
+			}
 			if err == nil {
 				var n int
 				_ = b.db.QueryRowContext(context.Background(), fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE event_id = %s",
@@ -465,7 +470,8 @@ func runGroup(t *testing.T, h Harness) {
 				require.Equal(t, 1, b.countEffects(t, key), key)
 				continue
 			}
-			require.Equal(t, 0, b.countEffects(t, key), key)
+			errs, _ := nacked.Load(key)
+			require.Equal(t, 0, b.countEffects(t, key), "%s: not acked (the middleware said:%v), yet committed", key, errs)
 			_, err := b.store.Get(b.ctx, b.db, inbox.ID{Operation: "record_effect", Key: key})
 			require.ErrorIs(t, err, inbox.ErrNotFound, key)
 		}
