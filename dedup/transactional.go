@@ -67,7 +67,15 @@ func (d *Deduplicator) alone(msg *message.Message, h message.HandlerFunc, id ide
 func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message.HandlerFunc, id identity) (
 	out []*message.Message, outcome Outcome, ran bool, err error,
 ) {
-	tx, err := d.store.BeginTx(ctx, d.tx.TxOptions)
+	if err := ctx.Err(); err != nil {
+		return nil, OutcomeRetry, false, fmt.Errorf("dedup: begin: %w", err)
+	}
+	// The transaction is not ended by the delivery's context, its
+	// statements are: pgx runs the COMMIT under the context the
+	// transaction began with, and a cancel (a router closing) during the
+	// COMMIT's round trip left its outcome unknown — committed, and the
+	// delivery nacked. The COMMIT now finishes, as a group's does.
+	tx, err := d.store.BeginTx(context.WithoutCancel(ctx), d.tx.TxOptions)
 	if err != nil {
 		return nil, OutcomeRetry, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
 	}

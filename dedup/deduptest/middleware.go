@@ -331,6 +331,24 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.Zero(t, m.records(t))
 	})
 
+	t.Run("ContextEndingAfterTheHandlerStillCommits", func(t *testing.T) {
+		t.Parallel()
+		// A router closing cancels the deliveries' contexts: one whose
+		// handler has done its work commits and succeeds, rather than
+		// leaving a commit whose outcome is unknown (on pgx a cancel
+		// during the COMMIT's round trip could commit and nack).
+		m := setupMiddleware(t, h, dedup.Config{})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		m.fail = func(int64) error { cancel(); return nil }
+		msg := event("evt-1", `{}`)
+		msg.SetContext(ctx)
+		_, err := m.deliver(msg)
+		require.NoError(t, err)
+		require.Equal(t, 1, m.countEffects(t, "evt-1"))
+		require.Equal(t, inbox.StatusCompleted, m.get(t, "record_effect", "evt-1").Status)
+	})
+
 	t.Run("ReadingFirstKeepsTheGuarantees", func(t *testing.T) {
 		t.Parallel()
 		m := setupMiddleware(t, h, dedup.Config{Mode: dedup.Transactional{ReadFirst: dedup.ReadFirstAlways}})
