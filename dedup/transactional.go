@@ -67,16 +67,21 @@ func (d *Deduplicator) alone(msg *message.Message, h message.HandlerFunc, id ide
 func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message.HandlerFunc, id identity) (
 	out []*message.Message, outcome Outcome, ran bool, err error,
 ) {
-	if err := ctx.Err(); err != nil {
-		return nil, OutcomeRetry, false, fmt.Errorf("dedup: begin: %w", err)
-	}
-	// The transaction is not ended by the delivery's context, its
-	// statements are: pgx runs the COMMIT under the context the
+	// The delivery's context ends the transaction until its COMMIT is
+	// sent, not after: pgx runs the COMMIT under the context the
 	// transaction began with, and a cancel (a router closing) during the
 	// COMMIT's round trip left its outcome unknown — committed, and the
-	// delivery nacked. The COMMIT now finishes, as a group's does.
-	tx, err := d.store.BeginTx(context.WithoutCancel(ctx), d.tx.TxOptions)
+	// delivery nacked. Before the COMMIT a cancel still rolls back and
+	// frees the key's lock at once, even while a handler ignores it.
+	txCtx, endTx := context.WithCancel(context.WithoutCancel(ctx))
+	defer endTx()
+	unwatch := context.AfterFunc(ctx, endTx)
+	defer unwatch()
+	tx, err := d.store.BeginTx(txCtx, d.tx.TxOptions)
 	if err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
 		return nil, OutcomeRetry, false, fmt.Errorf("dedup: begin: %w", d.store.Classify(err))
 	}
 	out, outcome, ran, commit, err := d.inTx(ctx, tx, tx.Tx, msg, h, id)
@@ -85,6 +90,13 @@ func (d *Deduplicator) once(ctx context.Context, msg *message.Message, h message
 		_ = tx.Rollback()
 		commit.end(string(OutcomeRetry), 0, err)
 		return out, outcome, ran, err
+	}
+	if !unwatch() {
+		// The delivery's context ended after the handler: rolled back.
+		_ = tx.Rollback()
+		err := fmt.Errorf("dedup: commit: %w", ctx.Err())
+		commit.end(string(OutcomeRetry), 0, err)
+		return nil, OutcomeRetry, true, err
 	}
 	if err := tx.Commit(); err != nil {
 		// After a lost connection the commit may have happened; the

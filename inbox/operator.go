@@ -539,8 +539,8 @@ type DigestScan struct {
 // it: the scan reads the key columns of every record (of the operation)
 // in primary-key order, a page at a time, and hashes them. PostgreSQL and
 // MySQL/MariaDB hash on the server, 100,000 keys a statement
-// (p.PageSize), and send back only the match; SQLite sends every key to be hashed here, 1,000 a
-// statement. Each statement is short, so the scan holds no snapshot or
+// (p.PageSize), and send back only the match; SQLite sends every key to
+// be hashed here, 1,000 a statement. Each statement is short, so the scan holds no snapshot or
 // lock for long, however large the table; docs/operations.md gives its
 // speed. Should two keys share a digest (64 bits of SHA-256), the first
 // in key order is returned. A digest that is not 16 lowercase hex

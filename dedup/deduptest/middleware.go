@@ -331,19 +331,36 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.Zero(t, m.records(t))
 	})
 
-	t.Run("ContextEndingAfterTheHandlerStillCommits", func(t *testing.T) {
+	t.Run("ContextEndingBeforeTheCommitLeavesNothing", func(t *testing.T) {
 		t.Parallel()
-		// A router closing cancels the deliveries' contexts: one whose
-		// handler has done its work commits and succeeds, rather than
-		// leaving a commit whose outcome is unknown (on pgx a cancel
-		// during the COMMIT's round trip could commit and nack).
+		// A router closing cancels the deliveries' contexts. One cancelled
+		// after its handler, before the commit is sent, is rolled back and
+		// nacked: nothing recorded, and its redelivery runs clean; never
+		// committed and nacked. (Once
+		// the commit is sent, a cancel no longer ends it; that race is the
+		// one RouterClosingWhileAGroupLingersAcksOnlyCommittedWork meets.)
 		m := setupMiddleware(t, h, dedup.Config{})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		m.fail = func(int64) error { cancel(); return nil }
+		m.fail = func(call int64) error {
+			if call == 1 {
+				cancel()
+			}
+			return nil
+		}
 		msg := event("evt-1", `{}`)
 		msg.SetContext(ctx)
 		_, err := m.deliver(msg)
+		if err == nil {
+			// A group whose commit was under way when the context ended
+			// (pipelined groups always are): committed, and acked.
+			require.Equal(t, 1, m.countEffects(t, "evt-1"))
+		} else {
+			require.ErrorIs(t, err, context.Canceled)
+			require.Zero(t, m.countEffects(t, "evt-1"), "nacked, so nothing may be committed")
+			require.Zero(t, m.records(t))
+		}
+		_, err = m.deliver(event("evt-1", `{}`))
 		require.NoError(t, err)
 		require.Equal(t, 1, m.countEffects(t, "evt-1"))
 		require.Equal(t, inbox.StatusCompleted, m.get(t, "record_effect", "evt-1").Status)
