@@ -40,7 +40,11 @@ type backend struct {
 	joinTx dedup.TxJoiner
 	// topics and the business table; unique per run on a shared server.
 	stripeTopic, githubTopic, effects string
-	close                             func()
+	// unacked counts the messages the queue holds that no consuming
+	// transaction has committed yet; nil when the middleware's own
+	// commit is the ack, as on GoChannel.
+	unacked func(ctx context.Context) (int, error)
+	close   func()
 }
 
 // sqliteBackend: Watermill's in-memory GoChannel and an SQLite file. No
@@ -120,6 +124,15 @@ func postgresBackend(ctx context.Context, dataSource string) (*backend, error) {
 	}
 	poison := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
 	b.publisher, b.subscriber, b.poison = pub, sub, poison
+	// The middleware joins the queue's transaction, so a delivery counted
+	// as executed commits its business row only when the subscriber
+	// commits its ack: a message is done once its row says acked.
+	b.unacked = func(ctx context.Context) (int, error) {
+		var n int
+		err := db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM "watermill_`+b.stripeTopic+`" WHERE NOT acked)
+			+ (SELECT COUNT(*) FROM "watermill_`+b.githubTopic+`" WHERE NOT acked)`).Scan(&n)
+		return n, err
+	}
 	store := "webhook_inbox_" + suffix
 	b.close = func() {
 		_ = sub.Close()

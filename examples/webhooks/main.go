@@ -207,6 +207,22 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	// Where the queue's consuming transaction carries the business write,
+	// the row is there once the queue commits the ack.
+	for b.unacked != nil {
+		n, err := b.unacked(ctx)
+		if err != nil {
+			return sum, fmt.Errorf("counting unacked messages: %w", err)
+		}
+		if n == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return sum, fmt.Errorf("waiting for the queue to commit %d acks: %w", n, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 	st := d.Stats()
 	sum = summary{received: int(stats.received.Load()), rejected: int(stats.rejected.Load()), published: published,
 		executed: int(st.Executed), duplicates: int(st.Duplicates)}
