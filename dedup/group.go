@@ -191,6 +191,7 @@ func (d *Deduplicator) GroupStats() GroupStats {
 type group struct {
 	members []*member
 	kick    chan struct{} // a member joined or a delivery left
+	first   [1]*member    // members' first array: a group of one needs no other
 }
 
 // member is one delivery in a group.
@@ -266,6 +267,7 @@ func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) (
 	gr, lead := g.open, false
 	if gr == nil {
 		gr, lead = &group{kick: make(chan struct{}, 1)}, true
+		gr.members = gr.first[:0]
 		g.open = gr
 	}
 	gr.members = append(gr.members, m)
@@ -286,9 +288,12 @@ func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) (
 	g.held--
 	g.mu.Unlock()
 	g.slots.done(time.Since(start), tk)
-	var pe *PermanentError
-	if errors.As(m.err, &pe) {
-		return g.d.recordPermanent(m.ctx, msg, id, pe, m.err)
+	if m.err != nil {
+		// Declared here, since it escapes: no allocation on success.
+		var pe *PermanentError
+		if errors.As(m.err, &pe) {
+			return g.d.recordPermanent(m.ctx, msg, id, pe, m.err)
+		}
 	}
 	return m.out, m.outcome, m.err
 }
@@ -590,14 +595,15 @@ func (g *grouper) claimPipelined(ctx context.Context, ps []inbox.ClaimParams) (*
 	if query == "" {
 		query = "SELECT '', '', '' WHERE false" // nothing to claim; the round trip still begins
 	}
-	var ids []inbox.ID
+	ids := make([]inbox.ID, 0, len(ps))
 	err = t.sess.BeginQuery(ctx, pipeline.Begin{Opts: d.tx.TxOptions, Query: query, Args: plan.Args,
-		Row: func(scan func(dest ...any) error) error {
-			var id inbox.ID
-			if err := scan(&id.Scope, &id.Operation, &id.Key); err != nil {
+		Row: func(row pipeline.Row) error {
+			ids = append(ids, inbox.ID{})
+			id := &ids[len(ids)-1]
+			if err := row.Scan(&id.Scope, &id.Operation, &id.Key); err != nil {
+				ids = ids[:len(ids)-1]
 				return err
 			}
-			ids = append(ids, id)
 			return nil
 		}})
 	res, err := plan.Finish(ctx, conn, ids, err)

@@ -114,7 +114,8 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 type identity struct {
 	inbox.ID
 	hash      []byte
-	digest    string
+	digest    string    // idemKey's first 16 characters: ID.Digest
+	idemKey   string    // ID.IdempotencyKey
 	eventTime time.Time // zero without Config.EventTime
 }
 
@@ -151,7 +152,8 @@ func (d *Deduplicator) identify(msg *message.Message) (identity, error) {
 		return id, err
 	}
 	id.ID = full
-	id.digest = full.Digest()
+	id.idemKey = full.IdempotencyKey()
+	id.digest = id.idemKey[:16]
 	if d.cfg.EventTime != nil {
 		t, err := d.cfg.EventTime(msg)
 		if err == nil && t.IsZero() {
@@ -221,7 +223,7 @@ func (d *Deduplicator) run(ctx context.Context, tx *sql.Tx, msg *message.Message
 }
 
 func (d *Deduplicator) claimFor(id identity, attempt int64) Claim {
-	return Claim{ID: id.ID, Attempt: attempt, IdempotencyKey: id.IdempotencyKey()}
+	return Claim{ID: id.ID, Attempt: attempt, IdempotencyKey: id.idemKey}
 }
 
 // errorText renders err for the record's error column; the store makes it

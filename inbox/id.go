@@ -84,14 +84,14 @@ func containsNUL(s string) bool {
 // sum hashes the three parts, each terminated by a NUL byte: a NUL cannot
 // occur inside a valid part, so distinct IDs never hash the same input.
 func (id ID) sum() [sha256.Size]byte {
-	h := sha256.New()
-	for _, s := range []string{id.Scope, id.Operation, id.Key} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
-	}
-	var out [sha256.Size]byte
-	h.Sum(out[:0])
-	return out
+	var buf [256]byte // most IDs fit: no allocation
+	b := append(buf[:0], id.Scope...)
+	b = append(b, 0)
+	b = append(b, id.Operation...)
+	b = append(b, 0)
+	b = append(b, id.Key...)
+	b = append(b, 0)
+	return sha256.Sum256(b)
 }
 
 // Digest returns a short, stable digest of id that is safe to log (16 hex
@@ -99,7 +99,9 @@ func (id ID) sum() [sha256.Size]byte {
 // Log lines carry it as key_digest, and operator tools find a record by it.
 func (id ID) Digest() string {
 	s := id.sum()
-	return hex.EncodeToString(s[:8])
+	var buf [16]byte
+	hex.Encode(buf[:], s[:8])
+	return string(buf[:])
 }
 
 // IdempotencyKey returns a key that is stable for every attempt of the
@@ -108,7 +110,9 @@ func (id ID) Digest() string {
 // characters are the [ID.Digest].
 func (id ID) IdempotencyKey() string {
 	s := id.sum()
-	return hex.EncodeToString(s[:])
+	var buf [2 * sha256.Size]byte
+	hex.Encode(buf[:], s[:])
+	return string(buf[:])
 }
 
 // String returns the digest form, "operation/digest", so that an ID

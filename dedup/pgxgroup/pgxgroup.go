@@ -32,6 +32,14 @@
 // A member that returns output messages pays a round trip more, which
 // stores them in its record.
 //
+// With pgx's default exec mode (QueryExecModeCacheStatement) the
+// statements go as one extended-protocol batch (pgconn's ExecBatch) of
+// statements this package prepares once per connection, named
+// inboxmill_1, inboxmill_2, …: at most 512 per connection, the least
+// recently used deallocated when the next group begins. pgx's query and
+// batch tracers do not see them. Under any other exec mode they go
+// through pgx.SendBatch, which honors it.
+//
 // dedup.TxFromContext finds nothing in this mode: handlers written for
 // the *sql.Tx of the other modes are to use FromContext instead.
 //
@@ -89,18 +97,26 @@ func (opener) Check(db *sql.DB) error {
 }
 
 func (opener) Open(conn *sql.Conn) pipeline.Session {
-	return &session{conn: conn, failed: -1}
+	s := &session{conn: conn, failed: -1}
+	s.items = s.buf[:0]
+	return s
 }
 
 // session is one group try's transaction on one connection.
 type session struct {
-	conn    *sql.Conn
-	batch   *pgx.Batch
-	owner   []int // the member of each queued statement; -1 the session's own
+	conn *sql.Conn
+	// items are the statements queued and not yet sent. A send takes
+	// them and leaves the rest of the slice's capacity for the next.
+	items   []item
+	buf     [4]item // items' first array: a group of one needs no other
 	members int
 	inTx    bool
 	failed  int
 	failErr error
+	// row reads each row of the claim (pipeline.Begin's Row).
+	row func(row pipeline.Row) error
+	// commitTag is the COMMIT's answer, empty until it arrives.
+	commitTag pgconn.CommandTag
 }
 
 type txKey struct{}
@@ -124,12 +140,9 @@ func FromContext(ctx context.Context) (*Tx, bool) {
 // query's Exec, Query or QueryRow set a callback that checks its result
 // when it arrives; a callback's error fails this member.
 func (t *Tx) Queue(query string, args ...any) *pgx.QueuedQuery {
-	s := t.s
-	if s.batch == nil {
-		s.batch = &pgx.Batch{}
-	}
-	s.owner = append(s.owner, t.member)
-	return s.batch.Queue(query, args...)
+	qq := &pgx.QueuedQuery{SQL: query, Arguments: args}
+	t.s.items = append(t.s.items, item{qq: qq, owner: t.member})
+	return qq
 }
 
 // flush sends what is queued, so that a statement run at once comes
@@ -139,7 +152,7 @@ func (t *Tx) flush(ctx context.Context) error {
 	if s.failed >= 0 {
 		return fmt.Errorf("pgxgroup: a statement queued earlier in the group failed: %w", s.failErr)
 	}
-	if s.batch == nil || s.batch.Len() == 0 {
+	if len(s.items) == 0 {
 		return nil
 	}
 	if failed, err := s.send(ctx); err != nil {
@@ -217,12 +230,22 @@ func beginSQL(opts *sql.TxOptions) (string, error) {
 }
 
 func (s *session) BeginQuery(ctx context.Context, b pipeline.Begin) error {
-	s.batch, s.owner = &pgx.Batch{}, nil
-	if err := s.queueBegin(b); err != nil {
-		return err
+	for try := 0; ; try++ {
+		s.items = s.items[:0]
+		if err := s.queueBegin(b); err != nil {
+			return err
+		}
+		_, err := s.send(ctx)
+		if err == nil || try > 0 || staleStatement(err) == "" {
+			return err
+		}
+		// The claim's prepared statement could not run (see sendItems):
+		// nothing ran but the BEGIN, and it runs once more, prepared
+		// again, rather than failing the group.
+		if rerr := s.Rollback(ctx); rerr != nil {
+			return errors.Join(err, rerr)
+		}
 	}
-	_, err := s.send(ctx)
-	return err
 }
 
 // The owners of the session's own statements: a failure of theirs is
@@ -239,19 +262,35 @@ func (s *session) queueBegin(b pipeline.Begin) error {
 	if err != nil {
 		return err
 	}
-	s.owner = append(s.owner, ownBegin, ownBegin)
-	s.batch.Queue(begin).Exec(func(pgconn.CommandTag) error {
-		s.inTx, s.members, s.failed, s.failErr = true, 0, -1, nil
-		return nil
-	})
-	s.batch.Queue(b.Query, b.Args...).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			if err := b.Row(rows.Scan); err != nil {
-				return err
-			}
+	s.row = b.Row
+	s.items = append(s.items, item{sql: begin, owner: ownBegin, kind: beginStmt},
+		item{sql: b.Query, args: b.Args, owner: ownBegin, kind: claimStmt})
+	return nil
+}
+
+// begun is the BEGIN's result: a new group's transaction.
+func (s *session) begun(pgconn.CommandTag) error {
+	s.inTx, s.members, s.failed, s.failErr = true, 0, -1, nil
+	return nil
+}
+
+// claimed reads the claim's rows.
+func (s *session) claimed(rows pgx.Rows) error {
+	for rows.Next() {
+		if err := s.row(rows); err != nil {
+			return err
 		}
-		return rows.Err()
-	})
+	}
+	return rows.Err()
+}
+
+// committed is the COMMIT's result.
+func (s *session) committed(ct pgconn.CommandTag) error {
+	s.commitTag = ct
+	s.inTx = false
+	if ct.String() != "COMMIT" {
+		return ErrRolledBack
+	}
 	return nil
 }
 
@@ -268,30 +307,16 @@ func (s *session) Failed() (int, error) { return s.failed, s.failErr }
 // stops and returns its owner (ownCommit when the connection broke: then
 // nobody's statement is to blame) and error.
 func (s *session) send(ctx context.Context) (failed int, err error) {
-	b, owner := s.batch, s.owner
-	s.batch, s.owner = nil, nil
+	n := len(s.items)
+	items := s.items[:n:n]
+	s.items = s.items[n:]
 	failed = ownCommit
 	err = s.raw(func(c *pgx.Conn) error {
-		br := c.SendBatch(ctx, b)
-		for i, qq := range b.QueuedQueries {
-			var err error
-			if qq.Fn != nil {
-				err = qq.Fn(br)
-			} else {
-				_, err = br.Exec()
-			}
-			if err != nil {
-				if !c.IsClosed() {
-					// The statement's own error, or its callback's: the
-					// connection is fine, its owner is to blame.
-					failed = owner[i]
-				}
-				_ = br.Close() // repeats err
-				return err
-			}
-		}
-		return br.Close()
+		var err error
+		failed, err = s.sendItems(ctx, c, items)
+		return err
 	})
+	clear(items) // the arguments and callbacks are garbage now
 	return failed, err
 }
 
@@ -300,10 +325,8 @@ func (s *session) Commit(ctx context.Context) (int, error) {
 		return s.failed, s.failErr
 	}
 	callbacks := false
-	if s.batch != nil {
-		for _, qq := range s.batch.QueuedQueries {
-			callbacks = callbacks || qq.Fn != nil
-		}
+	for _, it := range s.items {
+		callbacks = callbacks || (it.qq != nil && it.qq.Fn != nil)
 	}
 	if callbacks {
 		// The callbacks decide before the COMMIT is sent.
@@ -311,25 +334,14 @@ func (s *session) Commit(ctx context.Context) (int, error) {
 			return s.abort(ctx, failed, err)
 		}
 	}
-	if s.batch == nil {
-		s.batch = &pgx.Batch{}
-	}
-	var tag pgconn.CommandTag
-	s.owner = append(s.owner, ownCommit)
-	s.batch.Queue("commit").Exec(func(ct pgconn.CommandTag) error {
-		tag = ct
-		s.inTx = false
-		if ct.String() != "COMMIT" {
-			return ErrRolledBack
-		}
-		return nil
-	})
+	s.commitTag = pgconn.CommandTag{}
+	s.items = append(s.items, item{sql: "commit", owner: ownCommit, kind: commitStmt})
 	failed, err := s.send(ctx)
 	switch {
 	case err == nil:
 		return -1, nil
 	case failed == ownCommit:
-		if tag.String() == "" {
+		if s.commitTag.String() == "" {
 			s.inTx = false // the commit's outcome is unknown; the connection is discarded
 		}
 		return -1, err
@@ -348,7 +360,8 @@ func (s *session) abort(ctx context.Context, failed int, err error) (int, error)
 }
 
 func (s *session) Rollback(ctx context.Context) error {
-	s.batch, s.owner = nil, nil
+	clear(s.items)
+	s.items = s.items[:0]
 	if !s.inTx {
 		return nil
 	}

@@ -36,7 +36,12 @@ type fixture struct {
 
 func setup(t testing.TB, g dedup.Group) *fixture {
 	t.Helper()
-	db := testdb.Open(t, testdb.PostgresPGX)
+	return setupOn(t, testdb.Open(t, testdb.PostgresPGX), g)
+}
+
+// setupOn is setup on a database of the test's own.
+func setupOn(t testing.TB, db *sql.DB, g dedup.Group) *fixture {
+	t.Helper()
 	table := testdb.UniqueName("pgxg")
 	f := &fixture{db: db, effects: table + "_effects", calls: map[string]int{}}
 	store, err := inbox.NewStore(db, testdb.Dialect(testdb.PostgresPGX), inbox.Config{Table: table})

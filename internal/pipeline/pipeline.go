@@ -26,8 +26,8 @@ type Begin struct {
 	Opts  *sql.TxOptions
 	Query string
 	Args  []any
-	// Row is called for each row the query returns, with the row's Scan.
-	Row func(scan func(dest ...any) error) error
+	// Row is called for each row the query returns, to scan it.
+	Row func(row Row) error
 }
 
 // Session is one connection's transactions, one after the other. The
@@ -58,4 +58,9 @@ type Session interface {
 	// Rollback ends the transaction without committing; it does nothing
 	// when none is open.
 	Rollback(ctx context.Context) error
+}
+
+// Row is one row of a Begin's query.
+type Row interface {
+	Scan(dest ...any) error
 }
