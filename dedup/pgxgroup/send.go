@@ -185,7 +185,7 @@ func (s *session) sendBatch(ctx context.Context, c *pgx.Conn, items []item) (fai
 		}
 	}
 	failed = ownCommit
-	br := c.SendBatch(ctx, b)
+	br := &closing{BatchResults: c.SendBatch(ctx, b)}
 	for i, qq := range b.QueuedQueries {
 		var err error
 		if qq.Fn != nil {
@@ -199,11 +199,45 @@ func (s *session) sendBatch(ctx context.Context, c *pgx.Conn, items []item) (fai
 				// connection is fine, its owner is to blame.
 				failed = items[i].owner
 			}
+			br.done()
 			_ = br.Close() // repeats err
 			return failed, err
 		}
 	}
+	br.done()
 	return failed, br.Close()
+}
+
+// closing closes the rows of a query before the next result is read:
+// pgx's batches take rows a callback left unread (a QueryRow it did not
+// scan) for the next result's.
+type closing struct {
+	pgx.BatchResults
+	rows pgx.Rows
+}
+
+func (c *closing) done() {
+	if c.rows != nil {
+		c.rows.Close()
+		c.rows = nil
+	}
+}
+
+func (c *closing) Exec() (pgconn.CommandTag, error) {
+	c.done()
+	return c.BatchResults.Exec()
+}
+
+func (c *closing) Query() (pgx.Rows, error) {
+	c.done()
+	rows, err := c.BatchResults.Query()
+	c.rows = rows
+	return rows, err
+}
+
+func (c *closing) QueryRow() pgx.Row {
+	rows, _ := c.Query()
+	return row{rows}
 }
 
 // results reads a direct batch's results as a pgx.BatchResults, for the
@@ -215,20 +249,28 @@ type results struct {
 
 	mrr  *pgconn.MultiResultReader
 	m    *pgtype.Map
-	read int // results read so far
+	read int                  // results read so far
+	cur  *pgconn.ResultReader // the last one
 }
 
 var errNoResult = errors.New("pgxgroup: no more results in batch")
 
 func (r *results) next() (*pgconn.ResultReader, error) {
 	r.read++
+	if r.cur != nil {
+		// A callback may leave rows unread (a QueryRow it did not
+		// scan): they are not the next result's.
+		_, _ = r.cur.Close()
+		r.cur = nil
+	}
 	if !r.mrr.NextResult() {
 		if err := r.mrr.Close(); err != nil {
 			return nil, err
 		}
 		return nil, errNoResult
 	}
-	return r.mrr.ResultReader(), nil
+	r.cur = r.mrr.ResultReader()
+	return r.cur, nil
 }
 
 func (r *results) Exec() (pgconn.CommandTag, error) {

@@ -65,6 +65,8 @@ func TestQueuedQueryCallbacksReadTheirResults(t *testing.T) {
 					noRows = r.Scan(&x)
 					return nil
 				})
+				// Rows a callback leaves unread are not the next result's.
+				tx.Queue("SELECT generate_series(1, 3)").QueryRow(func(pgx.Row) error { return nil })
 				tx.Queue("UPDATE "+f.effects+" SET note = note || '!' WHERE event_id = $1", msg.Metadata.Get("event_id")).
 					Exec(func(ct pgconn.CommandTag) error {
 						tag = ct.String()
