@@ -522,8 +522,15 @@ type DigestScan struct {
 	// Digest is the [ID.Digest] looked for: 16 lowercase hex characters.
 	Digest string
 	// Operation narrows the scan to one operation's records; "" reads
-	// every operation's.
+	// every operation's. The scan still reads every key: the primary
+	// key does not lead with the operation.
 	Operation string
+	// Scope, when ByScope is true, narrows the scan to one scope's
+	// records ("" is the global scope), and shortens it: the primary key
+	// leads with the scope, so the scan starts at the scope's first key
+	// and stops within a page past its last.
+	Scope   string
+	ByScope bool
 	// PageSize is how many keys one statement reads: 0 for 100,000 where
 	// the database hashes them (PostgreSQL, MySQL/MariaDB) and 1,000 where
 	// they are sent here to be hashed (SQLite). Smaller pages make
@@ -554,6 +561,9 @@ func (s *Store) ScanDigest(ctx context.Context, p DigestScan) (*Record, error) {
 	if err := CheckText(operation, MaxOperationLen); err != nil {
 		return nil, fmt.Errorf("inbox: find by digest: %w: operation %w", ErrInvalidKey, err)
 	}
+	if err := CheckText(p.Scope, MaxScopeLen); p.ByScope && err != nil {
+		return nil, fmt.Errorf("inbox: find by digest: %w: scope %w", ErrInvalidKey, err)
+	}
 	if p.PageSize < 0 {
 		return nil, fmt.Errorf("inbox: find by digest: %w: page size %d is negative", ErrInvalidParams, p.PageSize)
 	}
@@ -562,7 +572,14 @@ func (s *Store) ScanDigest(ctx context.Context, p DigestScan) (*Record, error) {
 		read   int64
 		server = s.q.keyAt.SQL != ""
 		page   = p.PageSize
+		want   = func(id ID) bool { return id.Digest() == digest }
 	)
+	if p.ByScope {
+		// Every key of the scope sorts after this one: a record's
+		// operation and key are never empty.
+		after = ID{Scope: p.Scope}
+		want = func(id ID) bool { return id.Scope == p.Scope && id.Digest() == digest }
+	}
 	if page == 0 {
 		page = digestScanPage
 		if server {
@@ -577,14 +594,14 @@ func (s *Store) ScanDigest(ctx context.Context, p DigestScan) (*Record, error) {
 			err   error
 		)
 		if server {
-			match, last, n, err = s.hashKeys(ctx, operation, after, digest, page)
+			match, last, n, err = s.hashKeys(ctx, operation, after, digest, page, want)
 			if err == nil && n == 0 {
 				// Fewer than a page of keys are left: read them here.
 				server = false
 				continue
 			}
 		} else {
-			match, last, n, err = s.scanKeys(ctx, operation, after, digest, page)
+			match, last, n, err = s.scanKeys(ctx, operation, after, page, want)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("inbox: find by digest: %w", err)
@@ -600,17 +617,19 @@ func (s *Store) ScanDigest(ctx context.Context, p DigestScan) (*Record, error) {
 			}
 			return rec, nil
 		}
-		if !server && n < page {
+		if (!server && n < page) || (p.ByScope && last.Scope != p.Scope) {
+			// The table's last keys, or past the scope's.
 			return nil, fmt.Errorf("inbox: find by digest %s: %w", digest, ErrNotFound)
 		}
 		after = last
 	}
 }
 
-// hashKeys hashes the next page keys after after on the server and
-// returns the first whose digest is digest, the page's last key and its
-// size: 0 when fewer keys than a page are left (none read).
-func (s *Store) hashKeys(ctx context.Context, operation string, after ID, digest string, page int) (match *ID, last ID, n int, err error) {
+// hashKeys hashes the next page keys after after on the server, where
+// only those whose digest is digest are sent back, and returns the first
+// of them want accepts, the page's last key and its size: 0 when fewer
+// keys than a page are left (none read).
+func (s *Store) hashKeys(ctx context.Context, operation string, after ID, digest string, page int, want func(ID) bool) (match *ID, last ID, n int, err error) {
 	p := &params{id: ID{Operation: operation}, after: after, offset: page - 1}
 	if err := s.queryRow(ctx, s.db, s.q.keyAt, p).Scan(&last.Scope, &last.Operation, &last.Key); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
@@ -622,7 +641,7 @@ func (s *Store) hashKeys(ctx context.Context, operation string, after ID, digest
 	err = s.eachKey(ctx, s.q.selectDigest, p, func(id ID) bool {
 		// Checked here too: a database that hashed other bytes than the
 		// store wrote must not hand over another record.
-		if id.Digest() == digest {
+		if want(id) {
 			match = &id
 		}
 		return match == nil
@@ -633,13 +652,13 @@ func (s *Store) hashKeys(ctx context.Context, operation string, after ID, digest
 	return match, last, page, nil
 }
 
-// scanKeys reads one page of keys after after and returns the first whose
-// digest is digest, the page's last key and how many keys it held.
-func (s *Store) scanKeys(ctx context.Context, operation string, after ID, digest string, page int) (match *ID, last ID, n int, err error) {
+// scanKeys reads one page of keys after after and returns the first want
+// accepts, the page's last key and how many keys it held.
+func (s *Store) scanKeys(ctx context.Context, operation string, after ID, page int, want func(ID) bool) (match *ID, last ID, n int, err error) {
 	err = s.eachKey(ctx, s.q.selectKeys, &params{id: ID{Operation: operation}, after: after, limit: page}, func(id ID) bool {
 		n++
 		last = id
-		if id.Digest() == digest {
+		if want(id) {
 			match = &id
 		}
 		return match == nil

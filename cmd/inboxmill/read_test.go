@@ -244,6 +244,14 @@ func TestInspect(t *testing.T) {
 		r = e.run(t, "inspect", "--digest", s.shipped.Digest(), "--operation", "charge")
 		require.Equal(t, exitNotFound, r.code)
 		require.Contains(t, r.stderr, `no record of operation "charge"`)
+		// --scope narrows a search by digest: s.shipped is in the global
+		// scope.
+		require.Equal(t, strip(byKey), strip(e.ok(t, "inspect", "--digest", s.shipped.Digest(), "--scope", "")))
+		r = e.run(t, "inspect", "--digest", s.shipped.Digest(), "--scope", "acme")
+		require.Equal(t, exitNotFound, r.code)
+		require.Contains(t, r.stderr, "no record of any operation in scope acme in table "+e.table+" has key digest ")
+		r = e.run(t, "inspect", "--digest", s.shipped.Digest(), "--key", "x")
+		require.Equal(t, exitUsage, r.code, r.String())
 		r = e.run(t, "inspect", "--digest", "not-hex")
 		require.Equal(t, exitUsage, r.code, r.String())
 		require.Contains(t, r.stderr, `--digest "not-hex": want the 16 hex characters`)

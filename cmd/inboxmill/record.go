@@ -25,11 +25,12 @@ var errNoRecord = errors.New("no record")
 // the --digest the logs print.
 type idFlags struct {
 	scope, operation, key, digest string
+	byScope                       bool // --scope was given
 }
 
 func (f *idFlags) add(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.scope, "scope", "", "the record's scope (default the global scope \"\")")
+	fl.StringVar(&f.scope, "scope", "", "the record's scope (default the global scope \"\"; with --digest: narrows the search, and shortens it)")
 	fl.StringVar(&f.operation, "operation", "", "the record's operation (with --digest: narrows the search)")
 	fl.StringVar(&f.key, "key", "", "the record's key")
 	fl.StringVar(&f.digest, "digest", "", "the record's key digest, the key_digest of log lines (16 hex characters)")
@@ -37,9 +38,10 @@ func (f *idFlags) add(cmd *cobra.Command) {
 
 // check reports a usage error when the flags name no record or two ways.
 func (f *idFlags) check(cmd *cobra.Command) error {
+	f.byScope = cmd.Flags().Changed("scope")
 	switch {
-	case f.digest != "" && (f.key != "" || cmd.Flags().Changed("scope")):
-		return usageErr(errors.New("give either --digest (and optionally --operation) or --operation and --key (and --scope), not both"))
+	case f.digest != "" && f.key != "":
+		return usageErr(errors.New("give either --digest (and optionally --operation, --scope) or --operation and --key (and --scope), not both"))
 	case f.digest != "":
 		if !isDigest(strings.ToLower(strings.TrimSpace(f.digest))) {
 			return usageErr(fmt.Errorf("--digest %q: want the 16 hex characters of a key_digest", f.digest))
@@ -72,13 +74,16 @@ func (f *idFlags) find(ctx context.Context, i *inboxDB, stderr io.Writer) (*inbo
 	if f.digest != "" {
 		progress, done := digestProgress(stderr, i.table)
 		rec, err := i.store.ScanDigest(ctx, inbox.DigestScan{Digest: strings.ToLower(strings.TrimSpace(f.digest)),
-			Operation: f.operation, Progress: progress})
+			Operation: f.operation, Scope: f.scope, ByScope: f.byScope, Progress: progress})
 		done()
 		switch {
 		case errors.Is(err, inbox.ErrNotFound):
 			where := "any operation"
 			if f.operation != "" {
 				where = fmt.Sprintf("operation %q", f.operation)
+			}
+			if f.byScope {
+				where += " in scope " + text(f.scope)
 			}
 			return nil, fmt.Errorf("%w of %s in table %s has key digest %s", errNoRecord, where, i.table, f.digest)
 		case errors.Is(err, inbox.ErrInvalidKey):

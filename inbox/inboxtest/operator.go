@@ -1098,6 +1098,37 @@ func runOperator(t *testing.T, h Harness) {
 		}
 		_, err = b.store.ScanDigest(b.ctx, inbox.DigestScan{Digest: uni.Digest(), PageSize: -1})
 		require.ErrorIs(t, err, inbox.ErrInvalidParams)
+
+		// A scope narrows the scan and shortens it: the primary key leads
+		// with the scope, so the scan reads the scope's keys and at most
+		// a page past them. The global scope ("") holds the n seeded
+		// records; "acmé" one, "zz" one.
+		for _, size := range []int{100, 999, 5000} {
+			scan := func(k inbox.ID, scope string) (*inbox.Record, int64, error) {
+				var read int64
+				rec, err := b.store.ScanDigest(b.ctx, inbox.DigestScan{Digest: k.Digest(), Scope: scope, ByScope: true,
+					PageSize: size, Progress: func(n int64) { read = n }})
+				return rec, read, err
+			}
+			for _, k := range []inbox.ID{id("op", "k-0"), id("op", "k-2024"), uni, other} {
+				rec, read, err := scan(k, k.Scope)
+				require.NoError(t, err, "%v, pages of %d", k, size)
+				require.Equal(t, k, rec.ID)
+				if k.Scope != "" {
+					require.LessOrEqual(t, read, int64(2), "%v, pages of %d: only the keys of its scope and after", k, size)
+				}
+			}
+			_, read, err := scan(uni, "")
+			require.ErrorIs(t, err, inbox.ErrNotFound, "in another scope")
+			require.LessOrEqual(t, read, int64(n+size), "pages of %d: the global scope's keys and at most a page more", size)
+			_, read, err = scan(id("op", "k-7"), "acmé")
+			require.ErrorIs(t, err, inbox.ErrNotFound)
+			require.LessOrEqual(t, read, int64(2), "pages of %d", size)
+			_, _, err = scan(other, "z")
+			require.ErrorIs(t, err, inbox.ErrNotFound, "a scope that sorts just before another's")
+		}
+		_, err = b.store.ScanDigest(b.ctx, inbox.DigestScan{Digest: uni.Digest(), Scope: "a\x00", ByScope: true})
+		require.ErrorIs(t, err, inbox.ErrInvalidKey)
 	})
 
 	t.Run("ListAuditPagesAndFilters", func(t *testing.T) {
