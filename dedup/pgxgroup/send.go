@@ -67,11 +67,8 @@ func (s *session) sendItems(ctx context.Context, c *pgx.Conn, items []item) (fai
 				return it.owner, err
 			}
 		}
-		if it.qq == nil && len(it.args) == 0 {
-			// BEGIN and COMMIT: nothing to prepare.
-			batch.ExecParams(it.sql, nil, nil, nil, nil)
-			continue
-		}
+		// Every statement is prepared, BEGIN and COMMIT too: an
+		// unnamed one would be parsed again each time.
 		sd, err := st.statement(ctx, c, it.sql)
 		if err != nil {
 			if c.IsClosed() {
