@@ -1,13 +1,9 @@
 package webhook_test
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
-	"github.com/inboxmill/inboxmill/tests/testdb"
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // TestMain fails the package's tests when any goroutine outlives them, such
@@ -15,14 +11,4 @@ import (
 // The shared databases are closed first: an idle pgx connection may keep
 // a goroutine reading its socket (after a write that was slow under load),
 // which is the pool's, not a leak.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testdb.CloseShared()
-	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener")); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testkit.MainWithLeakCheck(m) }
