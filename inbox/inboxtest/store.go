@@ -2,6 +2,7 @@ package inboxtest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -24,6 +25,41 @@ var b0 = context.Background()
 // the tables, whose names cannot be made unique.
 var reservedNames sync.Mutex
 
+// lockReservedNames holds reservedNames, and a lock that other test
+// processes on the same server respect too, until t ends: two suites may
+// run against one server at once (a CI run beside another), and one's
+// cleanup would drop the other's tables. The server's lock is taken on a
+// connection of its own: a PostgreSQL advisory lock, MySQL's GET_LOCK.
+// An SQLite database is the test's own file.
+func lockReservedNames(t *testing.T, h Harness, db *sql.DB) {
+	t.Helper()
+	reservedNames.Lock()
+	t.Cleanup(reservedNames.Unlock)
+	const name = "inboxmill_test_reserved_names"
+	var lock, unlock string
+	switch h.Dialect.Name() {
+	case "postgres":
+		lock = "SELECT 1 FROM (SELECT pg_advisory_lock(hashtextextended('" + name + "', 0))) AS l"
+		unlock = "SELECT pg_advisory_unlock(hashtextextended('" + name + "', 0))"
+	case "mysql":
+		lock = "SELECT COALESCE(GET_LOCK('" + name + "', 600), 0)"
+		unlock = "SELECT RELEASE_LOCK('" + name + "')"
+	default:
+		return
+	}
+	conn, err := db.Conn(b0)
+	require.NoError(t, err)
+	var got int
+	if err := conn.QueryRowContext(b0, lock).Scan(&got); err != nil || got != 1 {
+		_ = conn.Close()
+		require.FailNow(t, "the reserved-names lock", "got %d, %v", got, err)
+	}
+	t.Cleanup(func() {
+		_, _ = conn.ExecContext(b0, unlock)
+		_ = conn.Close()
+	})
+}
+
 func runStore(t *testing.T, h Harness) {
 	t.Run("ResultLimit", func(t *testing.T) { runResultLimit(t, h) })
 	t.Run("TableNameInjectionIsRejected", func(t *testing.T) {
@@ -40,9 +76,8 @@ func runStore(t *testing.T, h Harness) {
 	// that some database reserves are names like any other. The tables
 	// cannot get random names, so the subtest cleans up after itself.
 	t.Run("ReservedWordsAreUsableTableNames", func(t *testing.T) {
-		reservedNames.Lock()
-		defer reservedNames.Unlock()
 		db := h.DB(t)
+		lockReservedNames(t, h, db)
 		for _, word := range []string{"window", "range", "rows", "lock", "read", "returning", "commit", "order", "user", "Select"} {
 			store, err := inbox.NewStore(db, h.Dialect, h.config(word))
 			require.NoError(t, err, word)
