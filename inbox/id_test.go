@@ -1,6 +1,8 @@
 package inbox_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 
@@ -28,4 +30,23 @@ func TestIDStringIsSafeToPrint(t *testing.T) {
 
 	uni := inbox.ID{Operation: "versand_lieferung_ü", Key: "k"}
 	require.Equal(t, "versand_lieferung_ü/"+uni.Digest(), uni.String(), "printable text is left alone")
+}
+
+// The digest and the idempotency key are the SHA-256 of the three parts,
+// each ended by a NUL: what operators compare with logs, and what
+// providers received as idempotency keys, must not change. A long key
+// (past the stack buffer) hashes the same way.
+func TestDigestAndIdempotencyKeyAreTheSHA256OfTheParts(t *testing.T) {
+	for _, id := range []inbox.ID{
+		{Operation: "book_carrier", Key: "evt-0003"},
+		{Scope: "shop-1", Operation: "book_carrier", Key: "evt-0003"},
+		{Scope: "acmé", Operation: "op", Key: strings.Repeat("ключ", 300)},
+	} {
+		sum := sha256.Sum256([]byte(id.Scope + "\x00" + id.Operation + "\x00" + id.Key + "\x00"))
+		want := hex.EncodeToString(sum[:])
+		require.Equal(t, want, id.IdempotencyKey())
+		require.Equal(t, want[:16], id.Digest())
+	}
+	// The record the README's operator walk-through inspects.
+	require.Equal(t, "2a44e2c57c700612", inbox.ID{Scope: "shop-1", Operation: "book_carrier", Key: "evt-0003"}.Digest())
 }

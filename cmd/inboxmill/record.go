@@ -36,7 +36,9 @@ func (f *idFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.digest, "digest", "", "the record's key digest, the key_digest of log lines (16 hex characters)")
 }
 
-// check reports a usage error when the flags name no record or two ways.
+// check reports a usage error when the flags name no record or two ways,
+// and notes whether --scope was given (find narrows a search by digest
+// to it).
 func (f *idFlags) check(cmd *cobra.Command) error {
 	f.byScope = cmd.Flags().Changed("scope")
 	switch {

@@ -342,7 +342,12 @@ func (s *session) Commit(ctx context.Context) (int, error) {
 		return -1, nil
 	case failed == ownCommit:
 		if s.commitTag.String() == "" {
-			s.inTx = false // the commit's outcome is unknown; the connection is discarded
+			// No answer to the COMMIT: on a broken connection its outcome
+			// is unknown; on a live one still in the transaction it never
+			// ran (its prepared statement was gone, say). Either way
+			// database/sql discards the connection: pgx's stdlib refuses
+			// to reuse one that is not idle (ResetSession).
+			s.inTx = false
 		}
 		return -1, err
 	default:

@@ -37,9 +37,9 @@ const (
 //
 // With pgx's default exec mode the statements go as one extended-protocol
 // batch (pgconn's ExecBatch) of statements this package prepares once
-// per connection, which costs about a third of the allocations of pgx's
-// own batches (those go through pgconn's pipeline, whose bookkeeping
-// allocates per message). Their results are read as pgx's would be, so
+// per connection, without the allocations of pgx's own batches (those go
+// through pgconn's pipeline, whose bookkeeping allocates per message).
+// Their results are read as pgx's would be, so
 // the callbacks of pgx.QueuedQuery run unchanged. pgx's query and batch
 // tracers do not see these statements. Under any other exec mode (the
 // simple protocol for PgBouncer, say) the items go through pgx.SendBatch,
@@ -50,8 +50,8 @@ func (s *session) sendItems(ctx context.Context, c *pgx.Conn, items []item) (fai
 		return s.sendBatch(ctx, c, items)
 	}
 	failed = ownCommit
-	if len(items) > 0 && items[0].owner == ownBegin {
-		// Outside a transaction: the time to deallocate.
+	if !s.inTx {
+		// Outside a transaction (a group begins): the time to deallocate.
 		if err := st.deallocateStale(ctx, c); err != nil {
 			return failed, err
 		}
@@ -96,13 +96,10 @@ func (s *session) sendItems(ctx context.Context, c *pgx.Conn, items []item) (fai
 		switch {
 		case it.qq != nil && it.qq.Fn != nil:
 			err = it.qq.Fn(r)
-		case it.kind == beginStmt || it.kind == commitStmt:
-			var ct pgconn.CommandTag
-			if ct, err = r.Exec(); err == nil && it.kind == beginStmt {
-				err = s.begun(ct)
-			} else if err == nil {
-				err = s.committed(ct)
-			}
+		case it.kind == beginStmt:
+			err = execThen(r, s.begun)
+		case it.kind == commitStmt:
+			err = execThen(r, s.committed)
 		case it.kind == claimStmt:
 			rows, _ := r.Query()
 			err = s.claimed(rows)
@@ -135,6 +132,15 @@ func (s *session) sendItems(ctx context.Context, c *pgx.Conn, items []item) (fai
 		}
 	}
 	return failed, r.mrr.Close()
+}
+
+// execThen reads a statement's result and hands its command tag to f.
+func execThen(r *results, f func(pgconn.CommandTag) error) error {
+	ct, err := r.Exec()
+	if err != nil {
+		return err
+	}
+	return f(ct)
 }
 
 // staleStatement returns the SQLSTATE of err when it says a prepared

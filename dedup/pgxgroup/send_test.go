@@ -142,3 +142,35 @@ func TestStatementPreparedBeforeATableChangedIsPreparedAgain(t *testing.T) {
 	_, ok := f.effect(t, "b")
 	require.True(t, ok)
 }
+
+// A COMMIT that fails before it runs leaves the transaction open on the
+// server: here its prepared statement is gone (the handler deallocated
+// every statement). The delivery is nacked with nothing recorded, and the
+// pool's only connection, still in that transaction, is not handed to the
+// next group (pgx's stdlib discards it), whose delivery and the
+// redelivery then take effect once each.
+func TestCommitThatNeverRanRecordsNothing(t *testing.T) {
+	t.Parallel()
+	f := setupOn(t, openPGX(t, pgx.QueryExecModeCacheStatement, 1), dedup.Group{})
+	require.NoError(t, f.deliver(event("first", "ok")), "prepares the COMMIT")
+	f.act = func(msg *message.Message, tx *pgxgroup.Tx) error {
+		// Run at once, after the queued INSERT: only the COMMIT is left.
+		_, err := tx.ExecContext(msg.Context(), "DEALLOCATE ALL")
+		return err
+	}
+	err := f.deliver(event("a", "ok"))
+	var pe *pgconn.PgError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, "26000", pe.Code, "the COMMIT's prepared statement does not exist")
+	f.noRecord(t, "a")
+	_, ok := f.effect(t, "a")
+	require.False(t, ok)
+
+	f.act = nil
+	require.NoError(t, f.deliver(event("b", "ok")))
+	require.NoError(t, f.deliver(event("a", "ok")), "the redelivery")
+	for _, key := range []string{"a", "b"} {
+		_, ok := f.effect(t, key)
+		require.True(t, ok, key)
+	}
+}
