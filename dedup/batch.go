@@ -310,6 +310,7 @@ func (it *reserveItem) wait() *waiter { return &it.waiter }
 
 type completeItem struct {
 	waiter
+	ctx   context.Context // the delivery's, for a completion sent alone
 	lease *inbox.Lease
 	o     inbox.Outcome
 }
@@ -344,22 +345,24 @@ func reserveBatch(store *inbox.Store, completes *batcher[*completeItem], items [
 		}
 		live = append(live, it)
 	}
-	if len(live) == 0 {
-		return
-	}
-	// The statement outlives any one delivery's context (a delivery that
-	// goes away meanwhile gets its reservation, which its lease expires),
-	// but not a database that stopped answering: then every delivery in
-	// it is nacked.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(live[0].ctx), finishTimeout)
-	defer cancel()
 	var res []inbox.ReserveResult
 	var err error
-	if len(live) == 1 {
+	switch len(live) {
+	case 0:
+		return
+	case 1:
+		// Alone: the statement serves this delivery only, under its own
+		// context, as without batches.
 		var r inbox.ReserveResult
-		r, err = store.Reserve(ctx, live[0].p)
+		r, err = store.Reserve(live[0].ctx, live[0].p)
 		res = []inbox.ReserveResult{r}
-	} else {
+	default:
+		// The statement outlives any one delivery's context (a delivery
+		// that goes away meanwhile gets its reservation, which its lease
+		// expires), but not a database that stopped answering: then every
+		// delivery in it is nacked.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(live[0].ctx), finishTimeout)
+		defer cancel()
 		ps := make([]inbox.ReserveParams, len(live))
 		for i, it := range live {
 			ps[i] = it.p
@@ -384,8 +387,13 @@ func reserveBatch(store *inbox.Store, completes *batcher[*completeItem], items [
 	}
 }
 
-// completeBatch records the items' completions with one CompleteMany.
+// completeBatch records the items' completions with one CompleteMany,
+// or a completion alone as without batches.
 func completeBatch(store *inbox.Store, items []*completeItem) {
+	if len(items) == 1 {
+		items[0].release(items[0].lease.Complete(items[0].ctx, items[0].o))
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	cs := make([]inbox.Completion, len(items))
@@ -428,7 +436,7 @@ func (d *Deduplicator) completeIntent(ctx context.Context, lease *inbox.Lease, o
 	if d.rb == nil {
 		return lease.Complete(ctx, o)
 	}
-	it := &completeItem{waiter: newWaiter(), lease: lease, o: o}
+	it := &completeItem{waiter: newWaiter(), ctx: ctx, lease: lease, o: o}
 	d.rb.completes.join(it, expected)
 	return it.err
 }

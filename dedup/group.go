@@ -250,7 +250,6 @@ func kick(gr *group) {
 // queue on a group's session); as a member of a group otherwise.
 func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) ([]*message.Message, Outcome, error) {
 	start, tk := time.Now(), g.slots.enter()
-	m := &member{msg: msg, ctx: msg.Context(), h: h, id: id, done: make(chan struct{})}
 	g.mu.Lock()
 	if g.open == nil && g.cfg.Pipeline == nil && g.slots.tryTake() {
 		g.held++ // not in a group, and no group waits for it
@@ -264,6 +263,8 @@ func (g *grouper) do(msg *message.Message, h message.HandlerFunc, id identity) (
 		g.slots.done(time.Since(start), tk)
 		return out, outcome, err
 	}
+	// A member only now: the lone delivery above needs none.
+	m := &member{msg: msg, ctx: msg.Context(), h: h, id: id, done: make(chan struct{})}
 	gr, lead := g.open, false
 	if gr == nil {
 		gr, lead = &group{kick: make(chan struct{}, 1)}, true
