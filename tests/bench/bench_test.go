@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -204,4 +205,36 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// TestPairedRatios checks that a ratio line carries the ratio of each
+// round's pair beside the ratio of the medians, and only where both sides
+// had the same rounds.
+func TestPairedRatios(t *testing.T) {
+	rs := func(scenario string, perSec ...float64) []result {
+		out := make([]result, len(perSec))
+		for i, v := range perSec {
+			out[i] = result{scenario: scenario, dialect: "pg", workers: 8, msgs: 100, perSec: v}
+		}
+		return out
+	}
+	b := &bench{opts: options{dialects: []string{"pg"}, workers: []int{8}}, out: io.Discard}
+	b.reportRounds(rs("plain", 100, 250, 100))
+	b.reportRounds(rs("inboxmill", 100, 200, 150))
+	b.reportRounds(rs("inboxmill_reserve", 100, 100))
+	b.reportRounds(rs("inboxmill_reserve_batch", 90, 110, 100))
+	got := map[string]string{}
+	for _, r := range b.ratios() {
+		got[r.name] = r.String()
+	}
+	// The medians are 150 and 100; the rounds' pairs 1.0, 0.8 and 1.5.
+	require.Equal(t, "RATIO inboxmill_vs_plain dialect=pg workers=8 value=1.50 paired_median=1.00 paired_min=0.80 paired_max=1.50 paired_above_1=1/3",
+		got["inboxmill_vs_plain"])
+	require.Equal(t, "RATIO reserve_batch_vs_reserve dialect=pg workers=8 value=1.00", got["reserve_batch_vs_reserve"],
+		"two rounds against three are no pairs")
+
+	p, ok := summarize([]float64{1.2, 0.9, 1.1, 0.7})
+	require.True(t, ok)
+	require.Equal(t, pairedSummary{median: 1.0, min: 0.7, max: 1.2, above: 2}, p)
+	require.Contains(t, b.markdownTables(), "| inboxmill_vs_plain | pg | 8 | 1.50 | 1.00 (0.80–1.50), 1/3 |")
 }

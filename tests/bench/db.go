@@ -59,7 +59,10 @@ type bench struct {
 	out, log  io.Writer
 	sqliteDir string
 	results   []result
-	purges    []purgeResult
+	// rounds are the rounds behind each result that had several, in the
+	// order they ran, by roundKey.
+	rounds map[string][]result
+	purges []purgeResult
 }
 
 func newBench(o options, stdout, stderr io.Writer) (*bench, error) {

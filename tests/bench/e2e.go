@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,7 +81,12 @@ func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 	for round := 1; round <= b.opts.rounds; round++ {
 		for _, name := range b.opts.dialects {
 			d, _ := dialectByName(name)
-			for _, v := range kafkaVariants {
+			variants := kafkaVariants
+			if round%2 == 0 { // as in runAll: every other round reversed
+				variants = slices.Clone(kafkaVariants)
+				slices.Reverse(variants)
+			}
+			for _, v := range variants {
 				if kafkaVariant(d.name, v) && b.opts.hasKafka(v) {
 					topic := fmt.Sprintf("%s_%s_%d", d.name, v, round)
 					runs = append(runs, run{d, v, topic})
@@ -144,7 +150,7 @@ func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 		rounds[key] = append(rounds[key], res)
 	}
 	for _, key := range order {
-		b.report(median(rounds[key]))
+		b.reportRounds(rounds[key])
 	}
 	return nil
 }

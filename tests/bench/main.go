@@ -16,7 +16,12 @@
 //
 // and the run ends with ratios between measurements of the same run:
 //
-//	RATIO <name> dialect=<d> workers=<n> value=<x>
+//	RATIO <name> dialect=<d> workers=<n> value=<x> [paired_median=<x> paired_min=<x> paired_max=<x> paired_above_1=<k>/<n>]
+//
+// value is the ratio of the two medians; with several rounds, the paired
+// fields summarize the ratios of the two scenarios' measurements in the
+// same round (every other round runs the scenarios in reverse order), and
+// how many of those were above 1.
 //
 // Nothing is asserted: the numbers are for reading (docs/benchmarks.md).
 // scripts/bench.sh builds and runs this program; --smoke is the tiny run
@@ -425,10 +430,19 @@ func (b *bench) runAll(ctx context.Context) error {
 		for _, w := range b.opts.workers {
 			// Rounds interleave the scenarios, so that a burst of load from
 			// elsewhere on the machine hits one round of each rather than
-			// every round of one; the median round is reported.
+			// every round of one; the median round is reported. Every
+			// other round runs them in reverse order, so that a drift
+			// of the machine over a round does not favour whichever of
+			// two scenarios runs first (the paired ratios compare the
+			// two round by round).
 			rounds := map[string][]result{}
 			for round := 1; round <= b.opts.rounds; round++ {
-				for _, s := range perDialect {
+				order := perDialect
+				if round%2 == 0 {
+					order = slices.Clone(perDialect)
+					slices.Reverse(order)
+				}
+				for _, s := range order {
 					if !b.opts.has(s.name) || (s.only != "" && s.only != d.name) {
 						continue
 					}
@@ -444,7 +458,7 @@ func (b *bench) runAll(ctx context.Context) error {
 			}
 			for _, s := range perDialect {
 				if rs := rounds[s.name]; len(rs) > 0 {
-					b.report(median(rs))
+					b.reportRounds(rs)
 				}
 			}
 		}

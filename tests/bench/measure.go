@@ -35,6 +35,22 @@ func (b *bench) report(r result) {
 	fmt.Fprintln(b.out, r)
 }
 
+// reportRounds reports the median of one cell's rounds and keeps the
+// rounds for the paired ratios.
+func (b *bench) reportRounds(rs []result) {
+	if len(rs) > 1 {
+		if b.rounds == nil {
+			b.rounds = map[string][]result{}
+		}
+		b.rounds[roundKey(rs[0].scenario, rs[0].dialect, rs[0].workers)] = rs
+	}
+	b.report(median(rs))
+}
+
+func roundKey(scenario, dialect string, workers int) string {
+	return fmt.Sprintf("%s/%s/%d", scenario, dialect, workers)
+}
+
 // find returns the result of scenario on dialect with workers, if measured.
 func (b *bench) find(scenario, dialect string, workers int) (result, bool) {
 	for _, r := range b.results {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -13,14 +14,64 @@ type ratio struct {
 	// extra are more key=value fields for the line (latencies beside the
 	// ratio), "" for none.
 	extra string
+	// paired are the ratios of the two sides round by round, where both
+	// had the same rounds (see pairedRatios).
+	paired []float64
 }
 
 func (r ratio) String() string {
 	s := fmt.Sprintf("RATIO %s dialect=%s workers=%d value=%.2f", r.name, r.dialect, r.workers, r.value)
+	if p, ok := summarize(r.paired); ok {
+		s += fmt.Sprintf(" paired_median=%.2f paired_min=%.2f paired_max=%.2f paired_above_1=%d/%d",
+			p.median, p.min, p.max, p.above, len(r.paired))
+	}
 	if r.extra != "" {
 		s += " " + r.extra
 	}
 	return s
+}
+
+// pairedRatios returns num's throughput over den's round by round, or nil
+// unless both have the same number (at least two) of rounds. value, the
+// ratio of the two medians, compares rounds that may have run minutes
+// apart on a machine whose speed drifts; the two scenarios of a pair ran
+// in the same round, one after the other (and in alternating order), so
+// the spread of their ratios says whether a difference is more than the
+// drift.
+func pairedRatios(num, den []result) []float64 {
+	if len(num) < 2 || len(num) != len(den) {
+		return nil
+	}
+	out := make([]float64, len(num))
+	for i := range num {
+		if den[i].perSec <= 0 {
+			return nil
+		}
+		out[i] = num[i].perSec / den[i].perSec
+	}
+	return out
+}
+
+type pairedSummary struct {
+	median, min, max float64
+	above            int // pairs whose ratio was above 1
+}
+
+func summarize(vs []float64) (pairedSummary, bool) {
+	if len(vs) == 0 {
+		return pairedSummary{}, false
+	}
+	s := slices.Sorted(slices.Values(vs))
+	p := pairedSummary{min: s[0], max: s[len(s)-1], median: s[len(s)/2]}
+	if len(s)%2 == 0 {
+		p.median = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	for _, v := range s {
+		if v > 1 {
+			p.above++
+		}
+	}
+	return p, true
 }
 
 // target is what a ratio is reported against; never asserted.
@@ -72,6 +123,12 @@ func targetFor(r ratio) (target, bool) {
 		return target{atLeast: true, value: 1.3, dialect: "pg", workers: r.workers}, true
 	case name == "group_vs_plain":
 		return target{atLeast: true, value: 1.0, dialect: "pg", workers: 8}, true
+	case name == "group_vs_inboxmill":
+		return target{atLeast: true, value: 1.0}, true
+	case name == "reserve_batch_vs_reserve" && r.dialect == "pg" && r.workers >= 64:
+		return target{atLeast: true, value: 1.5}, true
+	case name == "reserve_batch_vs_reserve":
+		return target{atLeast: true, value: 0.97}, true
 	case name == "inboxmill_vs_plain":
 		return target{atLeast: true, value: 0.85, dialect: "pg", workers: 8}, true
 	case name == "dup_vs_fresh":
@@ -93,7 +150,8 @@ func (b *bench) ratios() []ratio {
 		n, ok1 := b.find(num, dialect, workers)
 		d, ok2 := b.find(den, dialect, workers)
 		if ok1 && ok2 && d.perSec > 0 {
-			out = append(out, ratio{name: name, dialect: dialect, workers: workers, value: n.perSec / d.perSec})
+			out = append(out, ratio{name: name, dialect: dialect, workers: workers, value: n.perSec / d.perSec,
+				paired: pairedRatios(b.rounds[roundKey(num, dialect, workers)], b.rounds[roundKey(den, dialect, workers)])})
 		}
 	}
 	// withLatency is throughput with the p50 and p99 of both sides beside
@@ -111,6 +169,8 @@ func (b *bench) ratios() []ratio {
 		for _, w := range b.opts.workers {
 			throughput("inboxmill_vs_plain", "inboxmill", "plain", dialect, w)
 			withLatency("group_vs_plain", "inboxmill_group", "plain", dialect, w)
+			// Turning group commit on, against leaving it off.
+			throughput("group_vs_inboxmill", "inboxmill_group", "inboxmill", dialect, w)
 			withLatency("group_pgx_vs_plain", "inboxmill_group_pgx", "plain", dialect, w)
 			throughput("one_statement_vs_plain", "plain_stmt", "plain", dialect, w)
 			throughput("inboxmill_vs_plain_stmt", "inboxmill", "plain_stmt", dialect, w)
@@ -225,7 +285,7 @@ func (b *bench) benchTables(s *strings.Builder) {
 		fmt.Fprintf(s, "| %s | %s | %d | %d | %.0f | %.0f | %.0f | %.0f |\n",
 			r.scenario, r.dialect, r.workers, r.msgs, r.perSec, micros(r.p50), micros(r.p99), r.allocs)
 	}
-	s.WriteString("\n| ratio | dialect | workers | value | target |\n|---|---|--:|--:|---|\n")
+	s.WriteString("\n| ratio | dialect | workers | value | paired: median (min–max), above 1 | target |\n|---|---|--:|--:|---|---|\n")
 	for _, r := range b.ratios() {
 		status := ""
 		if t, ok := targetFor(r); ok && t.applies(r) {
@@ -234,6 +294,10 @@ func (b *bench) benchTables(s *strings.Builder) {
 				status = t.String() + ": met"
 			}
 		}
-		fmt.Fprintf(s, "| %s | %s | %d | %.2f | %s |\n", r.name, r.dialect, r.workers, r.value, status)
+		paired := ""
+		if p, ok := summarize(r.paired); ok {
+			paired = fmt.Sprintf("%.2f (%.2f–%.2f), %d/%d", p.median, p.min, p.max, p.above, len(r.paired))
+		}
+		fmt.Fprintf(s, "| %s | %s | %d | %.2f | %s | %s |\n", r.name, r.dialect, r.workers, r.value, paired, status)
 	}
 }
