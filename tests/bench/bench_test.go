@@ -233,6 +233,9 @@ func TestPairedRatios(t *testing.T) {
 	require.Equal(t, "RATIO reserve_batch_vs_reserve dialect=pg workers=8 value=1.00", got["reserve_batch_vs_reserve"],
 		"two rounds against three are no pairs")
 
+	require.Equal(t, []string{"a", "b", "c"}, inRoundOrder(1, []string{"a", "b", "c"}))
+	require.Equal(t, []string{"c", "b", "a"}, inRoundOrder(2, []string{"a", "b", "c"}))
+
 	p, ok := summarize([]float64{1.2, 0.9, 1.1, 0.7})
 	require.True(t, ok)
 	require.Equal(t, pairedSummary{median: 1.0, min: 0.7, max: 1.2, above: 2}, p)

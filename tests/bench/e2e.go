@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -81,12 +80,7 @@ func (b *bench) kafkaOn(ctx context.Context, partitions int) (err error) {
 	for round := 1; round <= b.opts.rounds; round++ {
 		for _, name := range b.opts.dialects {
 			d, _ := dialectByName(name)
-			variants := kafkaVariants
-			if round%2 == 0 { // as in runAll: every other round reversed
-				variants = slices.Clone(kafkaVariants)
-				slices.Reverse(variants)
-			}
-			for _, v := range variants {
+			for _, v := range inRoundOrder(round, kafkaVariants) {
 				if kafkaVariant(d.name, v) && b.opts.hasKafka(v) {
 					topic := fmt.Sprintf("%s_%s_%d", d.name, v, round)
 					runs = append(runs, run{d, v, topic})

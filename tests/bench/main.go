@@ -437,12 +437,7 @@ func (b *bench) runAll(ctx context.Context) error {
 			// two round by round).
 			rounds := map[string][]result{}
 			for round := 1; round <= b.opts.rounds; round++ {
-				order := perDialect
-				if round%2 == 0 {
-					order = slices.Clone(perDialect)
-					slices.Reverse(order)
-				}
-				for _, s := range order {
+				for _, s := range inRoundOrder(round, perDialect) {
 					if !b.opts.has(s.name) || (s.only != "" && s.only != d.name) {
 						continue
 					}
@@ -489,6 +484,18 @@ func (b *bench) runAll(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// inRoundOrder returns s as round runs it: in order in odd rounds,
+// reversed in even ones, so that a drift of the machine over a round
+// does not favour whichever of two scenarios runs first.
+func inRoundOrder[T any](round int, s []T) []T {
+	if round%2 == 1 {
+		return s
+	}
+	r := slices.Clone(s)
+	slices.Reverse(r)
+	return r
 }
 
 // machineLoad describes what else the machine is doing, for judging how

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // binDir holds the PostgreSQL 15 server programs; INBOXMILL_PG_BIN overrides it.
@@ -73,7 +74,8 @@ func startPair(t *testing.T, syncCommit bool) *pair {
 	}
 	require.NoError(t, os.Chmod(dir, 0o700))
 	p.primary, p.standby = filepath.Join(dir, "primary"), filepath.Join(dir, "standby")
-	p.ports = [2]int{freePort(t), freePort(t)}
+	ports := testkit.FreePorts(t, 2)
+	p.ports = [2]int{ports[0], ports[1]}
 
 	p.run("initdb", "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "-D", p.primary)
 	commit := "on"
@@ -118,14 +120,6 @@ func startPair(t *testing.T, syncCommit bool) *pair {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return p
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func (p *pair) command(ctx context.Context, prog string, args ...string) *exec.Cmd {

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -19,6 +17,8 @@ import (
 	"time"
 
 	driver "github.com/go-sql-driver/mysql"
+
+	"github.com/inboxmill/inboxmill/tests/testkit"
 )
 
 // The binaries the cluster is made of; the environment may point elsewhere.
@@ -83,60 +83,6 @@ type cluster struct {
 	gid   int
 }
 
-// freePorts returns n ports that were free a moment ago, below the
-// kernel's range of ephemeral ports where it can: a port picked there
-// (as ":0" picks) can be taken, before the node binds it seconds later, as
-// the source port of any outgoing connection on the machine, which under
-// a second test run beside this one happened (an IST listener refused with
-// "Address already in use"). Below the range only another explicit bind
-// can take it.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	lo, hi := 20000, ephemeralLow()-1
-	for tries := 0; len(ports) < n && hi-lo >= 1000 && tries < 50*n; tries++ {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lo+rand.IntN(hi-lo+1)))
-		if err != nil {
-			continue // taken
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for len(ports) < n { // no room below the range: the kernel's pick
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("find a free port: %v", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
-}
-
-// ephemeralLow returns the lowest port the kernel gives outgoing
-// connections (Linux's default, 32768, where it cannot tell).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 1 {
-		return 32768
-	}
-	v, err := strconv.Atoi(f[0])
-	if err != nil || v <= 1024 {
-		return 32768
-	}
-	return v
-}
-
 // startCluster starts three nodes, the first bootstrapping the cluster,
 // and waits until all three are synced members of it. Every node is
 // stopped by its PID and the directory removed when t ends.
@@ -169,7 +115,7 @@ func startCluster(t *testing.T) *cluster {
 			t.Fatal(err)
 		}
 	}
-	ports := freePorts(t, 12)
+	ports := testkit.FreePorts(t, 12)
 	for i := range 3 {
 		nd := &node{n: i + 1, dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
 			port: ports[4*i], gcomm: ports[4*i+1], ist: ports[4*i+2], sst: ports[4*i+3]}

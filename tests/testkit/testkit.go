@@ -1,6 +1,6 @@
 // Package testkit holds the helpers this module's own tests share: a
-// recording watermill logger, a clock the tests move forward, and migrated
-// SQLite inbox stores. It is for tests only (_test.go files); nothing else
+// recording watermill logger, a clock the tests move forward, migrated
+// SQLite inbox stores, and free ports for scratch servers. It is for tests only (_test.go files); nothing else
 // in the module may import it, and it makes no promise of compatibility.
 //
 // The real databases themselves are opened by package testdb.

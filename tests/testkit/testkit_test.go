@@ -3,6 +3,9 @@ package testkit_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -103,4 +106,34 @@ func TestOnlyTestsImportTestkit(t *testing.T) {
 		}
 		require.NotContains(t, strings.Fields(imports), self, "%s imports testkit outside its tests", pkg)
 	}
+}
+
+// FreePorts gives distinct ports below the ephemeral range, each free to
+// bind.
+func TestFreePorts(t *testing.T) {
+	ports := testkit.FreePorts(t, 12)
+	require.Len(t, ports, 12)
+	seen := map[int]bool{}
+	for _, p := range ports {
+		require.False(t, seen[p], "port %d twice", p)
+		seen[p] = true
+		if low, ok := ephemeralLowForTest(); ok && low > 21000 {
+			require.Less(t, p, low, "port %d in the ephemeral range", p)
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		require.NoError(t, err)
+		require.NoError(t, l.Close())
+	}
+}
+
+func ephemeralLowForTest() (int, bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, false
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		return 0, false
+	}
+	return lo, true
 }
